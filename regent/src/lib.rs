@@ -1,0 +1,7 @@
+//! regent: a fault-tolerant supervisor runtime in the Erlang/OTP style for
+//! distributed ML training.
+//!
+//! This facade re-exports the public API of the workspace's crates.
+#![forbid(unsafe_code)]
+
+pub use regent_supervisor as supervisor;

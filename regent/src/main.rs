@@ -1,0 +1,2 @@
+//! The `regent` command.
+fn main() {}

@@ -1,0 +1,3 @@
+//! Unit tests of the machine.
+
+fn _placeholder() {}

@@ -1,0 +1,3 @@
+//! End-to-end and chaos suites of regent. The suites are the test binaries
+//! under `tests/tests/`; this library holds what they share.
+#![forbid(unsafe_code)]
