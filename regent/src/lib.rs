@@ -5,3 +5,6 @@
 #![forbid(unsafe_code)]
 
 pub use regent_supervisor as supervisor;
+
+pub mod bench;
+pub mod demo;

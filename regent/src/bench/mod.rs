@@ -1,0 +1,184 @@
+//! `regent bench <suite>`: system benchmarks that print each figure against a
+//! baseline measured in the same run, so the ratio holds on a noisy machine.
+//!
+//! Every figure prints as one line:
+//!
+//! ```text
+//! <suite>.<figure>: <value> <unit> (baseline <name> <value> <unit>, ratio <r>)
+//! ```
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub mod supervision;
+
+/// Options shared by every suite.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchOptions {
+    /// A short run: fewer iterations, for smoke tests and CI.
+    pub quick: bool,
+}
+
+/// A baseline measured in the same run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Baseline {
+    /// What was measured (e.g. `bare_spawn`, `tcp_echo`).
+    pub name: String,
+    /// Its value, in `unit`.
+    pub value: f64,
+    /// The unit.
+    pub unit: String,
+}
+
+/// One measured figure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figure {
+    /// The suite (`supervision`, `net`, ...).
+    pub suite: String,
+    /// The figure's name within the suite.
+    pub name: String,
+    /// The value, in `unit`.
+    pub value: f64,
+    /// The unit (`us`, `ms`, `msg/s`, `GB/s`, ...).
+    pub unit: String,
+    /// The baseline, when the figure has one.
+    pub baseline: Option<Baseline>,
+    /// `value / baseline.value`.
+    pub ratio: Option<f64>,
+}
+
+impl Figure {
+    /// A figure without a baseline.
+    pub fn new(suite: &str, name: &str, value: f64, unit: &str) -> Self {
+        Self {
+            suite: suite.to_owned(),
+            name: name.to_owned(),
+            value,
+            unit: unit.to_owned(),
+            baseline: None,
+            ratio: None,
+        }
+    }
+
+    /// Adds the baseline (in the same unit as the figure unless given) and
+    /// computes the ratio.
+    pub fn against(mut self, name: &str, value: f64, unit: &str) -> Self {
+        self.ratio = (value != 0.0).then(|| self.value / value);
+        self.baseline = Some(Baseline {
+            name: name.to_owned(),
+            value,
+            unit: unit.to_owned(),
+        });
+        self
+    }
+}
+
+fn num(v: f64) -> String {
+    if v == 0.0 || (0.01..1e6).contains(&v.abs()) {
+        let s = format!("{v:.3}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        s.to_owned()
+    } else {
+        format!("{v:.3e}")
+    }
+}
+
+impl fmt::Display for Figure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}.{}: {} {}",
+            self.suite,
+            self.name,
+            num(self.value),
+            self.unit
+        )?;
+        if let Some(b) = &self.baseline {
+            write!(f, " (baseline {} {} {}", b.name, num(b.value), b.unit)?;
+            if let Some(r) = self.ratio {
+                write!(f, ", ratio {}", num(r))?;
+            }
+            write!(f, ")")?;
+        }
+        Ok(())
+    }
+}
+
+/// Collects figures, printing each as it comes.
+#[derive(Debug, Default)]
+pub struct Report {
+    figures: Vec<Figure>,
+}
+
+impl Report {
+    /// Prints the figure and keeps it.
+    pub fn push(&mut self, figure: Figure) {
+        println!("{figure}");
+        self.figures.push(figure);
+    }
+
+    /// The figures so far.
+    pub fn figures(&self) -> &[Figure] {
+        &self.figures
+    }
+
+    /// Writes the figures as a JSON array.
+    pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::write(path, serde_json::to_vec_pretty(&self.figures)?)?;
+        Ok(())
+    }
+}
+
+/// Percentile `p` (0..=100) of sorted samples, nearest-rank.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The median of samples (sorts them).
+pub fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort_unstable();
+    percentile(samples, 50.0)
+}
+
+/// Microseconds as `f64`.
+pub fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figure_line_has_the_documented_format() {
+        let f = Figure::new("supervision", "restart_one_for_one", 30.0, "us").against(
+            "bare_spawn",
+            12.0,
+            "us",
+        );
+        assert_eq!(
+            f.to_string(),
+            "supervision.restart_one_for_one: 30 us (baseline bare_spawn 12 us, ratio 2.5)"
+        );
+        assert_eq!(
+            Figure::new("net", "one_way", 61234.5, "msg/s").to_string(),
+            "net.one_way: 61234.5 msg/s"
+        );
+    }
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let s: Vec<_> = (1..=100).map(Duration::from_micros).collect();
+        assert_eq!(percentile(&s, 50.0), Duration::from_micros(50));
+        assert_eq!(percentile(&s, 99.0), Duration::from_micros(99));
+        assert_eq!(percentile(&s, 100.0), Duration::from_micros(100));
+        assert_eq!(percentile(&[], 50.0), Duration::ZERO);
+    }
+}
