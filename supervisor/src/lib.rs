@@ -39,7 +39,9 @@ mod reason;
 mod spec;
 mod supervisor;
 
-pub use child::{ChildSpec, ChildTemplate, Guarded, Panic, StartContext, StartFuture, spawn_guarded};
+pub use child::{
+    ChildSpec, ChildTemplate, Guarded, Panic, StartContext, StartFuture, spawn_guarded,
+};
 pub use error::{ChildError, SpecError, StartError};
 pub use machine::{ChildStatus, ExitCause};
 pub use reason::ExitReason;

@@ -282,6 +282,10 @@ enum Step {
         request: RequestId,
         reply: Reply,
     },
+    SetTimer {
+        timer: TimerId,
+        after: Duration,
+    },
     Exit(ExitCause),
 }
 
@@ -532,6 +536,7 @@ impl Machine {
                 };
             }
             Step::Reply { request, reply } => out.push(Action::Reply { request, reply }),
+            Step::SetTimer { timer, after } => out.push(Action::SetTimer { timer, after }),
             Step::Exit(cause) => {
                 self.phase = Phase::Exited;
                 self.steps.clear();
@@ -641,7 +646,7 @@ impl Machine {
                     key: key.clone(),
                     error,
                 }));
-                self.set_restarting(key, TimerPurpose::TryAgain, Duration::ZERO, out);
+                self.set_restarting(key, TimerPurpose::TryAgain, Duration::ZERO);
             }
         }
     }
@@ -743,7 +748,7 @@ impl Machine {
                 key: key.clone(),
                 delay,
             }));
-            self.set_restarting(key, TimerPurpose::StartPhase, delay, out);
+            self.set_restarting(key, TimerPurpose::StartPhase, delay);
         }
     }
 
@@ -771,20 +776,16 @@ impl Machine {
         }
     }
 
-    fn set_restarting(
-        &mut self,
-        key: ChildKey,
-        purpose: TimerPurpose,
-        after: Duration,
-        out: &mut Vec<Action>,
-    ) {
+    /// Marks the child as waiting for a restart and queues the timer that
+    /// resumes it (after the stops already queued).
+    fn set_restarting(&mut self, key: ChildKey, purpose: TimerPurpose, after: Duration) {
         let timer = TimerId(self.next_timer);
         self.next_timer += 1;
         if let Some(life) = self.life_mut(&key) {
             life.state = State::Restarting(timer);
         }
         self.timers.insert(timer, (key, purpose));
-        out.push(Action::SetTimer { timer, after });
+        self.steps.push_back(Step::SetTimer { timer, after });
     }
 
     /// OTP's `do_auto_shutdown`, after a child exit that is not restarted.

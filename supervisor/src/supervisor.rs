@@ -18,7 +18,7 @@ use tokio::sync::broadcast;
 use crate::child::{ChildSpec, ChildTemplate, DynArgs, DynStartFn, Panic, StartContext, StartFn};
 use crate::error::{ChildError, SpecError, StartError};
 use crate::machine::{
-    Action, ChildStatus, Event, ExitCause, Machine, Report, Reply, Request, RequestId, TimerId,
+    Action, ChildStatus, Event, ExitCause, Machine, Reply, Report, Request, RequestId, TimerId,
 };
 use crate::reason::ExitReason;
 use crate::spec::{
@@ -442,7 +442,10 @@ impl SupervisorState {
             }
             Err(error) => {
                 tracing::warn!(supervisor = %self.name, child = %key, %error, "child failed to start");
-                self.observe(Observed::StartFailed { key, error: error.clone() });
+                self.observe(Observed::StartFailed {
+                    key,
+                    error: error.clone(),
+                });
                 Err(error)
             }
         }
@@ -564,13 +567,13 @@ impl Actor for Supervisor {
         let drive = state.drive(&myself.get_cell(), Event::Init).await;
         match drive.exit {
             None => Ok(state),
-            Some(ExitCause::StartFailed { key, error }) => Err(Box::new(
-                SupervisorError::ChildStart {
+            Some(ExitCause::StartFailed { key, error }) => {
+                Err(Box::new(SupervisorError::ChildStart {
                     name: state.name,
                     key,
                     error,
-                },
-            )),
+                }))
+            }
             Some(other) => Err(format!("supervisor exited while starting: {other:?}").into()),
         }
     }
@@ -724,15 +727,13 @@ impl SupervisorRef {
     ) -> Result<(Self, JoinHandle<()>), SupervisorError> {
         match r {
             Ok((actor, handle)) => Ok((Self { actor }, handle)),
-            Err(ractor::SpawnErr::StartupFailed(err)) => {
-                match err.downcast::<SupervisorError>() {
-                    Ok(e) => Err(*e),
-                    Err(err) => Err(SupervisorError::Spawn {
-                        name,
-                        message: err.to_string(),
-                    }),
-                }
-            }
+            Err(ractor::SpawnErr::StartupFailed(err)) => match err.downcast::<SupervisorError>() {
+                Ok(e) => Err(*e),
+                Err(err) => Err(SupervisorError::Spawn {
+                    name,
+                    message: err.to_string(),
+                }),
+            },
             Err(e) => Err(SupervisorError::Spawn {
                 name,
                 message: e.to_string(),
