@@ -741,6 +741,14 @@ impl SupervisorRef {
         }
     }
 
+    /// A handle on the supervisor running as `cell` (for example a child
+    /// supervisor listed by [`SupervisorRef::which_children`]). If `cell` is
+    /// not a supervisor, every request fails with
+    /// [`ChildError::SupervisorDown`].
+    pub fn from_cell(cell: ActorCell) -> Self {
+        Self { actor: cell.into() }
+    }
+
     /// The supervisor's actor.
     pub fn cell(&self) -> ActorCell {
         self.actor.get_cell()
