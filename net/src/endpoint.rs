@@ -1,0 +1,556 @@
+//! The endpoint of a proc: one quinn endpoint (one UDP socket) that both
+//! listens and dials, the proc's ports (inboxes), its routes to other procs,
+//! and the send path (local fast path or an outbound session).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use quinn::{IdleTimeout, VarInt};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::EndpointConfig;
+use crate::error::{Error, SendError, SendFailure, Undeliverable};
+use crate::event::TransportEvent;
+use crate::id::{
+    ActorId, Generation, Incarnation, Message, PortId, ProcAddr, ProcId, Seq, TypeTag,
+};
+use crate::inbound::{self, InboundPeers};
+use crate::inbox::{Delivery, Inbox, Payload};
+use crate::link::code;
+use crate::outbound::{self, Outgoing, Session};
+use crate::tls::{ProcCredentials, crypto_provider};
+use crate::wire::{self, Envelope, RejectCause};
+
+/// Locks a std mutex, recovering from poison: the maps behind these locks
+/// hold no invariant that a panicking holder could break half-way.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A port's entry: where deliveries go, and its fence.
+#[derive(Clone)]
+pub(crate) struct PortEntry {
+    pub(crate) tx: mpsc::Sender<Delivery>,
+    pub(crate) fence: Arc<AtomicU64>,
+}
+
+/// State shared by an endpoint's handles and tasks.
+pub(crate) struct Inner {
+    pub(crate) proc: ProcId,
+    pub(crate) incarnation: Incarnation,
+    pub(crate) config: EndpointConfig,
+    pub(crate) quic: quinn::Endpoint,
+    pub(crate) client_config: quinn::ClientConfig,
+    local_addr: SocketAddr,
+    advertised: SocketAddr,
+    routes: Mutex<HashMap<ProcId, SocketAddr>>,
+    ports: Mutex<HashMap<PortId, PortEntry>>,
+    pub(crate) sessions: Mutex<HashMap<ProcId, Arc<Session>>>,
+    pub(crate) inbound: InboundPeers,
+    events_tx: mpsc::Sender<TransportEvent>,
+    events_rx: Mutex<Option<mpsc::Receiver<TransportEvent>>>,
+    dropped_events: AtomicU64,
+    next_pair_epoch: AtomicU64,
+    pub(crate) shutdown: watch::Sender<bool>,
+}
+
+impl Inner {
+    /// Reports an event; never waits. Events past the channel's capacity are
+    /// counted and logged.
+    pub(crate) fn emit(&self, event: TransportEvent) {
+        tracing::debug!(proc = %self.proc, ?event, "transport event");
+        match self.events_tx.try_send(event) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(event)) => {
+                let n = self.dropped_events.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::warn!(proc = %self.proc, dropped = n, ?event, "event channel full; events dropped");
+                }
+            }
+            // Nobody listens any more: the owner dropped the receiver.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Reports messages that came back.
+    pub(crate) fn give_back(&self, items: Vec<Outgoing>, cause: crate::error::UndeliveredCause) {
+        for item in items {
+            tracing::debug!(proc = %self.proc, receiver = %item.envelope.receiver, seq = item.envelope.seq.0, %cause, "undeliverable");
+            self.emit(TransportEvent::Undeliverable(Undeliverable {
+                envelope: item.envelope,
+                cause: cause.clone(),
+            }));
+        }
+    }
+
+    pub(crate) fn route(&self, proc: &ProcId) -> Option<SocketAddr> {
+        lock(&self.routes).get(proc).copied()
+    }
+
+    /// Learns a peer's listening address from its `Hello`: kept unless a
+    /// route was set, replaced when the peer restarted.
+    pub(crate) fn learn_route(&self, proc: &ProcId, addr: SocketAddr, restarted: bool) {
+        let mut routes = lock(&self.routes);
+        if restarted || !routes.contains_key(proc) {
+            routes.insert(proc.clone(), addr);
+        }
+    }
+
+    pub(crate) fn next_pair_epoch(&self) -> u64 {
+        self.next_pair_epoch.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn port(&self, port: &PortId) -> Option<PortEntry> {
+        lock(&self.ports).get(port).cloned()
+    }
+
+    pub(crate) fn close_port(&self, port: &PortId, fence: &Arc<AtomicU64>) {
+        let mut ports = lock(&self.ports);
+        if ports
+            .get(port)
+            .is_some_and(|e| Arc::ptr_eq(&e.fence, fence))
+        {
+            ports.remove(port);
+        }
+    }
+
+    /// Puts a message from the network into its inbox (waiting while the
+    /// inbox is full), or says why not.
+    pub(crate) async fn deliver_remote(
+        &self,
+        envelope: Envelope,
+        cache: &mut Option<(PortId, PortEntry)>,
+    ) -> Result<(), RejectCause> {
+        let entry = match cache {
+            Some((port, entry)) if *port == envelope.receiver && !entry.tx.is_closed() => {
+                entry.clone()
+            }
+            _ => {
+                let entry = self
+                    .port(&envelope.receiver)
+                    .ok_or(RejectCause::NoSuchPort)?;
+                *cache = Some((envelope.receiver.clone(), entry.clone()));
+                entry
+            }
+        };
+        let fence = Generation(entry.fence.load(Ordering::Acquire));
+        if envelope.generation < fence {
+            return Err(RejectCause::Fenced { fence });
+        }
+        let delivery = Delivery {
+            sender: envelope.sender,
+            receiver: envelope.receiver,
+            seq: envelope.seq,
+            generation: envelope.generation,
+            type_tag: envelope.type_tag,
+            payload: Payload::Wire(envelope.payload),
+        };
+        entry
+            .tx
+            .send(delivery)
+            .await
+            .map_err(|_| RejectCause::NoSuchPort)
+    }
+
+    fn shutdown_now(&self) {
+        if self.shutdown.send_replace(true) {
+            return;
+        }
+        tracing::debug!(proc = %self.proc, "endpoint closing");
+        self.quic.close(code::SHUTDOWN, b"endpoint closed");
+        lock(&self.ports).clear();
+    }
+}
+
+/// Closes the endpoint when the last [`Endpoint`] handle goes.
+struct CloseOnDrop(Arc<Inner>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.shutdown_now();
+    }
+}
+
+/// A proc's endpoint on the control plane. Cheap to clone; the endpoint
+/// closes when the last clone is dropped or [`Endpoint::close`] is called.
+#[derive(Clone)]
+pub struct Endpoint {
+    inner: Arc<Inner>,
+    _close: Arc<CloseOnDrop>,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("proc", &self.inner.proc)
+            .field("incarnation", &self.inner.incarnation)
+            .field("local_addr", &self.inner.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// Binds a UDP socket at `addr` and starts the endpoint of the proc named
+    /// by `credentials`. Must be called within a tokio runtime.
+    pub fn bind(
+        credentials: ProcCredentials,
+        addr: SocketAddr,
+        config: EndpointConfig,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let io = |context: &'static str| {
+            move |source: std::io::Error| Error::Io {
+                context,
+                path: None,
+                source,
+            }
+        };
+        let socket = std::net::UdpSocket::bind(addr).map_err(io("bind UDP socket"))?;
+        let state =
+            quinn_udp::UdpSocketState::new((&socket).into()).map_err(io("UDP socket state"))?;
+        for (what, result) in [
+            (
+                "receive",
+                state.set_recv_buffer_size((&socket).into(), config.udp_buffer_bytes),
+            ),
+            (
+                "send",
+                state.set_send_buffer_size((&socket).into(), config.udp_buffer_bytes),
+            ),
+        ] {
+            if let Err(e) = result {
+                tracing::warn!(bytes = config.udp_buffer_bytes, error = %e, "cannot set UDP {what} buffer size");
+            }
+        }
+
+        let transport = Arc::new(transport_config(&config)?);
+        let mut server_config = credentials.quic_server_config()?;
+        server_config.transport_config(transport.clone());
+        let mut client_config = credentials.quic_client_config()?;
+        client_config.transport_config(transport);
+        let quic = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server_config),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .map_err(io("start QUIC endpoint"))?;
+        let local_addr = quic.local_addr().map_err(io("local address"))?;
+
+        let mut random = [0u8; 8];
+        crypto_provider()
+            .secure_random
+            .fill(&mut random)
+            .map_err(|e| Error::Tls {
+                context: "random incarnation",
+                reason: format!("{e:?}"),
+            })?;
+        let (events_tx, events_rx) = mpsc::channel(config.event_buffer.get());
+        let inner = Arc::new(Inner {
+            proc: credentials.proc().clone(),
+            incarnation: Incarnation(u64::from_le_bytes(random)),
+            advertised: config.advertised_addr.unwrap_or(local_addr),
+            config,
+            quic,
+            client_config,
+            local_addr,
+            routes: Mutex::default(),
+            ports: Mutex::default(),
+            sessions: Mutex::default(),
+            inbound: InboundPeers::default(),
+            events_tx,
+            events_rx: Mutex::new(Some(events_rx)),
+            dropped_events: AtomicU64::new(0),
+            next_pair_epoch: AtomicU64::new(1),
+            shutdown: watch::Sender::new(false),
+        });
+        tracing::info!(proc = %inner.proc, incarnation = %inner.incarnation, addr = %local_addr, "endpoint bound");
+        tokio::spawn(inbound::accept_loop(inner.clone()));
+        Ok(Self {
+            _close: Arc::new(CloseOnDrop(inner.clone())),
+            inner,
+        })
+    }
+
+    /// This proc.
+    pub fn proc(&self) -> &ProcId {
+        &self.inner.proc
+    }
+
+    /// This run of the proc.
+    pub fn incarnation(&self) -> Incarnation {
+        self.inner.incarnation
+    }
+
+    /// The bound UDP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// The address peers should dial (the advertised or bound address).
+    pub fn addr(&self) -> ProcAddr {
+        ProcAddr {
+            socket: self.inner.advertised,
+            proc: self.inner.proc.clone(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.inner.config
+    }
+
+    /// Tells the endpoint where a proc listens (replacing what it knew).
+    /// Routes to procs that dialed this one are learned from their `Hello`.
+    pub fn add_route(&self, addr: ProcAddr) {
+        lock(&self.inner.routes).insert(addr.proc, addr.socket);
+    }
+
+    /// Forgets the route to a proc.
+    pub fn remove_route(&self, proc: &ProcId) {
+        lock(&self.inner.routes).remove(proc);
+    }
+
+    /// Opens an inbox at `port` (a port of an actor of this proc).
+    pub fn open_port(&self, port: PortId) -> Result<Inbox, Error> {
+        if *port.proc() != self.inner.proc {
+            return Err(Error::Config(format!(
+                "port {port} is not in proc {}",
+                self.inner.proc
+            )));
+        }
+        if *self.inner.shutdown.borrow() {
+            return Err(Error::Config("endpoint closed".into()));
+        }
+        let mut ports = lock(&self.inner.ports);
+        if ports.contains_key(&port) {
+            return Err(Error::Config(format!("port {port} is already open")));
+        }
+        let (tx, rx) = mpsc::channel(self.inner.config.inbox_messages.get());
+        let fence = Arc::new(AtomicU64::new(0));
+        ports.insert(
+            port.clone(),
+            PortEntry {
+                tx,
+                fence: fence.clone(),
+            },
+        );
+        Ok(Inbox {
+            port,
+            rx,
+            fence,
+            endpoint: self.inner.clone(),
+        })
+    }
+
+    /// The event stream; `Some` only the first time.
+    pub fn take_events(&self) -> Option<mpsc::Receiver<TransportEvent>> {
+        lock(&self.inner.events_rx).take()
+    }
+
+    /// Events dropped because the event channel was full.
+    pub fn dropped_events(&self) -> u64 {
+        self.inner.dropped_events.load(Ordering::Relaxed)
+    }
+
+    /// Sends `message` from `from` (an actor of this proc) to `to`, waiting
+    /// while the pair's send buffer (or a local inbox) is full. `Ok` means
+    /// accepted: a remote message that later cannot be delivered comes back
+    /// as [`TransportEvent::Undeliverable`].
+    pub async fn send<M: Message>(
+        &self,
+        from: &ActorId,
+        to: &PortId,
+        generation: Generation,
+        message: M,
+    ) -> Result<(), SendError<M>> {
+        self.send_inner(from, to, generation, message, true).await
+    }
+
+    /// Like [`Self::send`] but fails with [`SendFailure::Full`] instead of
+    /// waiting.
+    pub fn try_send<M: Message>(
+        &self,
+        from: &ActorId,
+        to: &PortId,
+        generation: Generation,
+        message: M,
+    ) -> Result<(), SendError<M>> {
+        // With `wait == false` nothing in `send_inner` waits, so one poll
+        // completes it.
+        let fut = std::pin::pin!(self.send_inner(from, to, generation, message, false));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match fut.poll(&mut cx) {
+            std::task::Poll::Ready(result) => result,
+            std::task::Poll::Pending => {
+                unreachable!("send_inner without waiting completes in one poll")
+            }
+        }
+    }
+
+    /// Sends an already encoded payload of type `type_tag` (forwarding). A
+    /// local receiver gets it as [`Payload::Wire`].
+    pub async fn send_raw(
+        &self,
+        from: &ActorId,
+        to: &PortId,
+        generation: Generation,
+        type_tag: TypeTag,
+        payload: Bytes,
+    ) -> Result<(), SendError<Bytes>> {
+        if *to.proc() == self.inner.proc {
+            let delivery = Delivery {
+                sender: from.clone(),
+                receiver: to.clone(),
+                seq: Seq(0),
+                generation,
+                type_tag,
+                payload: Payload::Wire(payload),
+            };
+            return self
+                .deliver_local(delivery, true)
+                .await
+                .map_err(|(d, failure)| {
+                    let Payload::Wire(message) = d.payload else {
+                        unreachable!("the delivery was built with a wire payload")
+                    };
+                    SendError { message, failure }
+                });
+        }
+        let payload_copy = payload.clone();
+        outbound::enqueue(&self.inner, from, to, generation, type_tag, payload, true)
+            .await
+            .map_err(|failure| SendError {
+                message: payload_copy,
+                failure,
+            })
+    }
+
+    async fn send_inner<M: Message>(
+        &self,
+        from: &ActorId,
+        to: &PortId,
+        generation: Generation,
+        message: M,
+        wait: bool,
+    ) -> Result<(), SendError<M>> {
+        if from.proc != self.inner.proc {
+            return Err(SendError {
+                message,
+                failure: SendFailure::ForeignSender(from.proc.clone()),
+            });
+        }
+        if *to.proc() == self.inner.proc {
+            let delivery = Delivery {
+                sender: from.clone(),
+                receiver: to.clone(),
+                seq: Seq(0),
+                generation,
+                type_tag: TypeTag::of::<M>(),
+                payload: Payload::Local(Box::new(message)),
+            };
+            return self
+                .deliver_local(delivery, wait)
+                .await
+                .map_err(|(d, failure)| SendError {
+                    message: match d.payload {
+                        Payload::Local(any) => match any.downcast::<M>() {
+                            Ok(m) => *m,
+                            Err(_) => unreachable!("the payload was boxed from an M"),
+                        },
+                        Payload::Wire(_) => unreachable!("the delivery was built local"),
+                    },
+                    failure,
+                });
+        }
+        let payload = match wire::encode_payload(&message) {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(SendError {
+                    message,
+                    failure: e.into(),
+                });
+            }
+        };
+        match outbound::enqueue(
+            &self.inner,
+            from,
+            to,
+            generation,
+            TypeTag::of::<M>(),
+            payload,
+            wait,
+        )
+        .await
+        {
+            Ok(()) => Ok(()),
+            Err(failure) => Err(SendError { message, failure }),
+        }
+    }
+
+    async fn deliver_local(
+        &self,
+        delivery: Delivery,
+        wait: bool,
+    ) -> Result<(), (Delivery, SendFailure)> {
+        let Some(entry) = self.inner.port(&delivery.receiver) else {
+            let failure = SendFailure::NoSuchPort(delivery.receiver.clone());
+            return Err((delivery, failure));
+        };
+        let fence = Generation(entry.fence.load(Ordering::Acquire));
+        if delivery.generation < fence {
+            return Err((delivery, SendFailure::Fenced { fence }));
+        }
+        let port = delivery.receiver.clone();
+        if wait {
+            entry
+                .tx
+                .send(delivery)
+                .await
+                .map_err(|e| (e.0, SendFailure::NoSuchPort(port)))
+        } else {
+            entry.tx.try_send(delivery).map_err(|e| match e {
+                mpsc::error::TrySendError::Full(d) => (d, SendFailure::Full),
+                mpsc::error::TrySendError::Closed(d) => (d, SendFailure::NoSuchPort(port)),
+            })
+        }
+    }
+
+    /// Closes the endpoint: every connection closes, kept messages come back
+    /// as undeliverable, inboxes end.
+    pub fn close(&self) {
+        self.inner.shutdown_now();
+    }
+
+    /// Waits until the closed endpoint's connections have told their peers.
+    pub async fn wait_idle(&self) {
+        self.inner.quic.wait_idle().await;
+    }
+}
+
+fn transport_config(config: &EndpointConfig) -> Result<quinn::TransportConfig, Error> {
+    let mut t = quinn::TransportConfig::default();
+    // One control stream besides the data streams.
+    let streams = config.max_streams_per_peer.saturating_add(1);
+    t.max_concurrent_bidi_streams(VarInt::from_u32(streams));
+    t.max_concurrent_uni_streams(VarInt::from_u32(0));
+    t.stream_receive_window(VarInt::from_u32(config.stream_window_bytes));
+    let connection_window = u64::from(config.stream_window_bytes) * u64::from(streams);
+    t.receive_window(VarInt::from_u64(connection_window).unwrap_or(VarInt::MAX));
+    t.send_window(connection_window);
+    t.keep_alive_interval(Some(config.heartbeat_interval));
+    t.max_idle_timeout(Some(
+        IdleTimeout::try_from(config.failure_timeout).map_err(|_| {
+            Error::Config(format!(
+                "failure_timeout {:?} too long",
+                config.failure_timeout
+            ))
+        })?,
+    ));
+    t.datagram_receive_buffer_size(None);
+    Ok(t)
+}

@@ -1,0 +1,181 @@
+//! What both ends of a connection share: error codes, reading frames from a
+//! QUIC stream, and the control stream's heartbeat loop (failure detection).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use quinn::{ConnectionError, ReadError, RecvStream, SendStream, VarInt};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::error::LinkFailure;
+use crate::wire::{self, Control, FrameDecoder, WireError};
+
+/// Application error codes on connections and streams.
+pub(crate) mod code {
+    use quinn::VarInt;
+    /// Orderly shutdown of the endpoint.
+    pub(crate) const SHUTDOWN: VarInt = VarInt::from_u32(1);
+    /// The handshake was refused (identity, version).
+    pub(crate) const REFUSED: VarInt = VarInt::from_u32(2);
+    /// The link was declared failed by this side.
+    pub(crate) const FAILED: VarInt = VarInt::from_u32(3);
+    /// A newer connection from the same peer replaced this one.
+    pub(crate) const REPLACED: VarInt = VarInt::from_u32(4);
+    /// Bad input on a stream.
+    pub(crate) const PROTOCOL: VarInt = VarInt::from_u32(5);
+}
+
+/// Largest chunk read from a stream at once.
+pub(crate) const READ_CHUNK_BYTES: usize = 64 << 10;
+
+/// Classifies a connection error as a link failure.
+pub(crate) fn classify(e: &ConnectionError) -> LinkFailure {
+    match e {
+        ConnectionError::TimedOut => LinkFailure::IdleTimeout,
+        ConnectionError::LocallyClosed => LinkFailure::EndpointClosed,
+        ConnectionError::TransportError(t) if is_crypto(u64::from(t.code)) => {
+            LinkFailure::Refused(t.to_string())
+        }
+        ConnectionError::ConnectionClosed(c) if is_crypto(u64::from(c.error_code)) => {
+            LinkFailure::Refused(c.to_string())
+        }
+        ConnectionError::ApplicationClosed(c) if c.error_code == code::REFUSED => {
+            LinkFailure::Refused(String::from_utf8_lossy(&c.reason).into_owned())
+        }
+        other => LinkFailure::ConnectionLost(other.to_string()),
+    }
+}
+
+/// TLS alerts travel as QUIC crypto errors 0x100..=0x1ff.
+fn is_crypto(code: u64) -> bool {
+    (0x100..=0x1ff).contains(&code)
+}
+
+/// Classifies a stream read error.
+pub(crate) fn classify_read(e: &ReadError) -> LinkFailure {
+    match e {
+        ReadError::ConnectionLost(c) => classify(c),
+        other => LinkFailure::ConnectionLost(other.to_string()),
+    }
+}
+
+/// Why reading a frame from a stream stopped.
+#[derive(Debug)]
+pub(crate) enum ReadFailure {
+    /// The bytes were bad.
+    Wire(WireError),
+    /// The stream or connection failed.
+    Link(LinkFailure),
+    /// The stream ended cleanly on a frame boundary.
+    Finished,
+}
+
+/// Reads the next frame body, pulling chunks as needed.
+pub(crate) async fn read_frame(
+    recv: &mut RecvStream,
+    decoder: &mut FrameDecoder,
+) -> Result<Bytes, ReadFailure> {
+    loop {
+        if let Some(body) = decoder.next_frame().map_err(ReadFailure::Wire)? {
+            return Ok(body);
+        }
+        match recv.read_chunk(READ_CHUNK_BYTES, true).await {
+            Ok(Some(chunk)) => decoder.push(&chunk.bytes),
+            Ok(None) => {
+                decoder.finish().map_err(ReadFailure::Wire)?;
+                return Err(ReadFailure::Finished);
+            }
+            Err(e) => return Err(ReadFailure::Link(classify_read(&e))),
+        }
+    }
+}
+
+/// Reads and decodes the next frame.
+pub(crate) async fn read_value<T: DeserializeOwned>(
+    recv: &mut RecvStream,
+    decoder: &mut FrameDecoder,
+) -> Result<T, ReadFailure> {
+    let body = read_frame(recv, decoder).await?;
+    wire::decode_body(&body).map_err(ReadFailure::Wire)
+}
+
+/// Runs the control stream after the handshake: sends a heartbeat every
+/// `heartbeat_interval`, and returns the failure when the peer has been
+/// silent for `failure_timeout`, the connection closes, the peer breaks the
+/// protocol, or the endpoint shuts down.
+pub(crate) async fn run_control(
+    conn: &quinn::Connection,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    mut decoder: FrameDecoder,
+    heartbeat_interval: Duration,
+    failure_timeout: Duration,
+    shutdown: &mut watch::Receiver<bool>,
+) -> LinkFailure {
+    let heartbeat = match wire::encode_frame(&Control::Heartbeat, usize::MAX) {
+        Ok(frame) => frame,
+        Err(e) => return LinkFailure::Protocol(e.to_string()),
+    };
+    let check_every = heartbeat_interval.min(failure_timeout / 4);
+    let mut tick = tokio::time::interval(check_every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last_heard = Instant::now();
+    let mut next_heartbeat = Instant::now();
+    loop {
+        // Frames that came along with the handshake.
+        loop {
+            match decoder.next_frame() {
+                Ok(Some(body)) => match wire::decode_body::<Control>(&body) {
+                    Ok(Control::Heartbeat) => last_heard = Instant::now(),
+                    Ok(other) => {
+                        return LinkFailure::Protocol(format!(
+                            "unexpected control frame {other:?}"
+                        ));
+                    }
+                    Err(e) => return LinkFailure::Protocol(e.to_string()),
+                },
+                Ok(None) => break,
+                Err(e) => return LinkFailure::Protocol(e.to_string()),
+            }
+        }
+        if *shutdown.borrow() {
+            return LinkFailure::EndpointClosed;
+        }
+        tokio::select! {
+            _ = tick.tick() => {
+                let now = Instant::now();
+                let silent_for = now - last_heard;
+                if silent_for >= failure_timeout {
+                    return LinkFailure::HeartbeatTimeout { silent_for };
+                }
+                if now >= next_heartbeat {
+                    next_heartbeat = now + heartbeat_interval;
+                    // Heartbeats are 5 bytes against a window of hundreds of
+                    // KiB, so this write does not wait on a silent peer.
+                    if let Err(e) = send.write_chunk(heartbeat.clone()).await {
+                        return LinkFailure::ConnectionLost(e.to_string());
+                    }
+                }
+            }
+            chunk = recv.read_chunk(READ_CHUNK_BYTES, true) => match chunk {
+                Ok(Some(chunk)) => {
+                    last_heard = Instant::now();
+                    decoder.push(&chunk.bytes);
+                }
+                Ok(None) => {
+                    return LinkFailure::ConnectionLost("control stream finished".into());
+                }
+                Err(e) => return classify_read(&e),
+            },
+            e = conn.closed() => return classify(&e),
+            _ = shutdown.changed() => return LinkFailure::EndpointClosed,
+        }
+    }
+}
+
+/// Closes a connection with `code`, giving the reason in words.
+pub(crate) fn close(conn: &quinn::Connection, code: VarInt, reason: &str) {
+    conn.close(code, reason.as_bytes());
+}

@@ -1,0 +1,376 @@
+//! Endpoint tests over real QUIC and mutual TLS on loopback, two endpoints in
+//! one process (the two-process suites live in the `tests/` crate).
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+use crate::*;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Num(u64);
+impl Message for Num {
+    const TYPE_NAME: &'static str = "regent-net-test/Num";
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Blob(Vec<u8>);
+impl Message for Blob {
+    const TYPE_NAME: &'static str = "regent-net-test/Blob";
+}
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn pid(name: &str) -> ProcId {
+    ProcId::new(name).unwrap()
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+fn bind(ca: &ClusterCa, name: &str, config: EndpointConfig) -> Endpoint {
+    init_tracing();
+    Endpoint::bind(
+        ca.issue(&pid(name)).unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+        config,
+    )
+    .unwrap()
+}
+
+async fn next_event(
+    events: &mut mpsc::Receiver<TransportEvent>,
+    what: &str,
+    mut pred: impl FnMut(&TransportEvent) -> bool,
+) -> TransportEvent {
+    timeout(DEADLINE, async {
+        loop {
+            let e = events.recv().await.expect("event channel open");
+            if pred(&e) {
+                return e;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {what} event within {DEADLINE:?}"))
+}
+
+async fn recv(inbox: &mut Inbox) -> Delivery {
+    timeout(DEADLINE, inbox.recv())
+        .await
+        .expect("a delivery in time")
+        .expect("inbox open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_messages_arrive_in_order_per_pair_and_locally_without_encoding() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let a = bind(&ca, "a", EndpointConfig::default());
+    let b = bind(&ca, "b", EndpointConfig::default());
+    a.add_route(b.addr());
+    let mut inbox = b
+        .open_port(pid("b").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    let senders: Vec<ActorId> = (0..3).map(|i| pid("a").actor("src", i).unwrap()).collect();
+    for n in 0..300u64 {
+        let from = &senders[(n % 3) as usize];
+        a.send(from, inbox.port(), Generation(1), Num(n))
+            .await
+            .unwrap();
+    }
+    let mut last = [None::<u64>; 3];
+    for _ in 0..300 {
+        let d = recv(&mut inbox).await;
+        assert!(!d.is_local());
+        assert_eq!(d.generation, Generation(1));
+        let i = d.sender.index as usize;
+        let seq = d.seq;
+        let Num(n) = d.decode::<Num>().unwrap();
+        assert_eq!(n % 3, i as u64);
+        assert!(last[i].is_none_or(|l| l < n), "FIFO per pair");
+        assert_eq!(seq.0, n / 3 + 1, "sequences count from 1 per pair");
+        last[i] = Some(n);
+    }
+    // The reply path needs no route: b learned a's address from its Hello.
+    let mut back = a.open_port(senders[0].port(0)).unwrap();
+    b.send(
+        &pid("b").actor("sink", 0).unwrap(),
+        back.port(),
+        Generation(0),
+        Num(7),
+    )
+    .await
+    .unwrap();
+    assert_eq!(recv(&mut back).await.decode::<Num>().unwrap(), Num(7));
+    // Local: the value itself.
+    let local_to = pid("a").actor("local", 0).unwrap().port(1);
+    let mut local = a.open_port(local_to.clone()).unwrap();
+    a.send(&senders[1], &local_to, Generation(0), Num(5))
+        .await
+        .unwrap();
+    let d = recv(&mut local).await;
+    assert!(d.is_local());
+    assert_eq!(d.decode::<Num>().unwrap(), Num(5));
+    // A wrong type is a typed error, not a panic.
+    a.send(&senders[1], &local_to, Generation(0), Num(6))
+        .await
+        .unwrap();
+    assert!(matches!(
+        recv(&mut local).await.decode::<Blob>(),
+        Err(WireError::TypeMismatch { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_sends_give_the_message_back() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let a = bind(&ca, "a", EndpointConfig::default());
+    let b = bind(&ca, "b", EndpointConfig::default());
+    let mut events = a.take_events().unwrap();
+    let from = pid("a").actor("src", 0).unwrap();
+    // No route.
+    let to = pid("b").actor("nobody", 0).unwrap().port(0);
+    let e = a.send(&from, &to, Generation(0), Num(1)).await.unwrap_err();
+    assert_eq!(e.message, Num(1));
+    assert_eq!(e.failure, SendFailure::NoRoute(pid("b")));
+    // No such local port.
+    let e = a
+        .send(
+            &from,
+            &pid("a").actor("x", 0).unwrap().port(0),
+            Generation(0),
+            Num(2),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.message, Num(2));
+    // No such remote port: comes back as an event carrying the message.
+    a.add_route(b.addr());
+    a.send(&from, &to, Generation(0), Num(3)).await.unwrap();
+    let TransportEvent::Undeliverable(u) = next_event(&mut events, "undeliverable", |e| {
+        matches!(e, TransportEvent::Undeliverable(_))
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert_eq!(u.cause, UndeliveredCause::Rejected(RejectCause::NoSuchPort));
+    assert_eq!(u.envelope.receiver, to);
+    assert_eq!(
+        crate::wire::decode_body::<Num>(&u.envelope.payload).unwrap(),
+        Num(3)
+    );
+    // Fenced: an old generation is refused by a fenced port.
+    let inbox = b.open_port(to.clone()).unwrap();
+    inbox.set_fence(Generation(5));
+    a.send(&from, &to, Generation(4), Num(4)).await.unwrap();
+    let TransportEvent::Undeliverable(u) = next_event(&mut events, "fenced", |e| {
+        matches!(e, TransportEvent::Undeliverable(_))
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        u.cause,
+        UndeliveredCause::Rejected(RejectCause::Fenced {
+            fence: Generation(5)
+        })
+    );
+    // Too large to frame.
+    let big = Blob(vec![0; 2 << 20]);
+    let e = a.send(&from, &to, Generation(5), big).await.unwrap_err();
+    assert!(matches!(
+        e.failure,
+        SendFailure::Wire(WireError::FrameTooLarge { .. })
+    ));
+    assert_eq!(e.message.0.len(), 2 << 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_frame_closes_its_stream_with_a_clear_error() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let a = bind(&ca, "a", EndpointConfig::default().max_frame_bytes(1 << 20));
+    let b = bind(&ca, "b", EndpointConfig::default().max_frame_bytes(1024));
+    let mut a_events = a.take_events().unwrap();
+    let mut b_events = b.take_events().unwrap();
+    a.add_route(b.addr());
+    let mut inbox = b
+        .open_port(pid("b").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    let from = pid("a").actor("src", 0).unwrap();
+    a.send(&from, inbox.port(), Generation(0), Blob(vec![1; 10]))
+        .await
+        .unwrap();
+    assert_eq!(recv(&mut inbox).await.decode::<Blob>().unwrap().0.len(), 10);
+    a.send(&from, inbox.port(), Generation(0), Blob(vec![2; 4000]))
+        .await
+        .unwrap();
+    let TransportEvent::ProtocolViolation { peer, error } =
+        next_event(&mut b_events, "violation", |e| {
+            matches!(e, TransportEvent::ProtocolViolation { .. })
+        })
+        .await
+    else {
+        unreachable!()
+    };
+    assert_eq!(peer, pid("a"));
+    assert!(
+        matches!(error, WireError::FrameTooLarge { max: 1024, .. }),
+        "{error:?}"
+    );
+    let TransportEvent::Undeliverable(u) = next_event(&mut a_events, "undeliverable", |e| {
+        matches!(e, TransportEvent::Undeliverable(_))
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    let UndeliveredCause::StreamClosed(reason) = &u.cause else {
+        panic!("{u}")
+    };
+    assert!(
+        reason.contains("exceeds max_frame_bytes = 1024"),
+        "{reason}"
+    );
+    assert!(u.envelope.payload.len() >= 4000);
+    // The pair goes on with a new stream.
+    a.send(&from, inbox.port(), Generation(0), Blob(vec![3; 10]))
+        .await
+        .unwrap();
+    assert_eq!(
+        recv(&mut inbox).await.decode::<Blob>().unwrap(),
+        Blob(vec![3; 10])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_receiver_backs_up_only_its_own_pair() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let small = EndpointConfig::default()
+        .send_buffer_messages(NonZeroUsize::new(16).unwrap())
+        .inbox_messages(NonZeroUsize::new(16).unwrap())
+        .stream_window_bytes(64 << 10);
+    let a = bind(&ca, "a", small.clone());
+    let b = bind(&ca, "b", small);
+    a.add_route(b.addr());
+    let _blocked = b
+        .open_port(pid("b").actor("stuck", 0).unwrap().port(0))
+        .unwrap();
+    let mut live = b
+        .open_port(pid("b").actor("live", 0).unwrap().port(0))
+        .unwrap();
+    let hog = pid("a").actor("hog", 0).unwrap();
+    let to_stuck = pid("b").actor("stuck", 0).unwrap().port(0);
+    // Fill the stuck pair until try_send reports Full: inbox, stream window
+    // and send buffer are all full.
+    let blob = Blob(vec![7; 4096]);
+    let full = timeout(DEADLINE, async {
+        loop {
+            match a.try_send(&hog, &to_stuck, Generation(0), blob.clone()) {
+                Ok(()) => tokio::task::yield_now().await,
+                Err(e) => break e,
+            }
+        }
+    })
+    .await
+    .expect("the stuck pair fills up");
+    assert_eq!(full.failure, SendFailure::Full);
+    assert_eq!(full.message, blob);
+    // Another pair to the same proc still flows.
+    let pinger = pid("a").actor("ping", 0).unwrap();
+    for n in 0..100 {
+        a.send(&pinger, live.port(), Generation(0), Num(n))
+            .await
+            .unwrap();
+        assert_eq!(recv(&mut live).await.decode::<Num>().unwrap(), Num(n));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_without_this_clusters_certificate_are_refused() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let other_ca = ClusterCa::generate("other").unwrap();
+    let config = EndpointConfig::default().reconnect_timeout(Duration::from_millis(500));
+    let b = bind(&ca, "b", config.clone());
+    let mut b_events = b.take_events().unwrap();
+    let _inbox = b
+        .open_port(pid("b").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    let to = pid("b").actor("sink", 0).unwrap().port(0);
+
+    // A certificate from another CA that trusts ours.
+    let foreign = other_ca.issue(&pid("a")).unwrap();
+    let (chain, key, _) = foreign.to_pem();
+    let creds = ProcCredentials::from_pem(pid("a"), &chain, &key, ca.cert_pem()).unwrap();
+    let a = Endpoint::bind(creds, "127.0.0.1:0".parse().unwrap(), config.clone()).unwrap();
+    let mut a_events = a.take_events().unwrap();
+    a.add_route(b.addr());
+    a.send(&pid("a").actor("x", 0).unwrap(), &to, Generation(0), Num(1))
+        .await
+        .unwrap();
+    let refused = next_event(&mut b_events, "refused", |e| {
+        matches!(e, TransportEvent::Refused { .. })
+    })
+    .await;
+    tracing::debug!(?refused);
+    let TransportEvent::Undeliverable(u) = next_event(&mut a_events, "undeliverable", |e| {
+        matches!(e, TransportEvent::Undeliverable(_))
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert!(
+        matches!(
+            u.cause,
+            UndeliveredCause::LinkFailed(LinkFailure::Refused(_))
+        ),
+        "{u}"
+    );
+
+    // A certificate from our CA for another identity ("mallory" claiming
+    // to be "c").
+    let mallory = ca.issue(&pid("mallory")).unwrap();
+    let (chain, key, ca_pem) = mallory.to_pem();
+    assert!(ProcCredentials::from_pem(pid("c"), &chain, &key, &ca_pem).is_err());
+    let liar = ProcCredentials::danger_unchecked_from_pem(pid("c"), &chain, &key, &ca_pem).unwrap();
+    let c = Endpoint::bind(liar, "127.0.0.1:0".parse().unwrap(), config).unwrap();
+    let mut c_events = c.take_events().unwrap();
+    c.add_route(b.addr());
+    c.send(&pid("c").actor("x", 0).unwrap(), &to, Generation(0), Num(2))
+        .await
+        .unwrap();
+    let TransportEvent::Refused {
+        claimed, reason, ..
+    } = next_event(&mut b_events, "refused identity", |e| {
+        matches!(
+            e,
+            TransportEvent::Refused {
+                claimed: Some(_),
+                ..
+            }
+        )
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert_eq!(claimed, Some(pid("c")));
+    assert!(reason.contains("does not name"), "{reason}");
+    let TransportEvent::LinkFailed { cause, .. } = next_event(&mut c_events, "link failed", |e| {
+        matches!(e, TransportEvent::LinkFailed { .. })
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert!(matches!(cause, LinkFailure::Refused(_)), "{cause:?}");
+}
