@@ -352,6 +352,13 @@ impl Endpoint {
         lock(&self.inner.events_rx).take()
     }
 
+    /// Messages to `peer` accepted and not yet acknowledged (kept for resume
+    /// or waiting for buffer space to be written).
+    pub fn unacknowledged(&self, peer: &ProcId) -> usize {
+        let session = lock(&self.inner.sessions).get(peer).cloned();
+        session.map_or(0, |s| s.unacknowledged())
+    }
+
     /// Events dropped because the event channel was full.
     pub fn dropped_events(&self) -> u64 {
         self.inner.dropped_events.load(Ordering::Relaxed)

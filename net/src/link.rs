@@ -61,6 +61,14 @@ pub(crate) fn classify_read(e: &ReadError) -> LinkFailure {
     }
 }
 
+/// Classifies a stream write error.
+pub(crate) fn classify_write(e: &quinn::WriteError) -> LinkFailure {
+    match e {
+        quinn::WriteError::ConnectionLost(c) => classify(c),
+        other => LinkFailure::ConnectionLost(other.to_string()),
+    }
+}
+
 /// Why reading a frame from a stream stopped.
 #[derive(Debug)]
 pub(crate) enum ReadFailure {
@@ -155,7 +163,7 @@ pub(crate) async fn run_control(
                     // Heartbeats are 5 bytes against a window of hundreds of
                     // KiB, so this write does not wait on a silent peer.
                     if let Err(e) = send.write_chunk(heartbeat.clone()).await {
-                        return LinkFailure::ConnectionLost(e.to_string());
+                        return classify_write(&e);
                     }
                 }
             }

@@ -100,6 +100,12 @@ impl Session {
     fn is_closed(&self) -> bool {
         lock(&self.pairs).closed
     }
+
+    /// Messages kept by all pairs.
+    pub(crate) fn unacknowledged(&self) -> usize {
+        let pairs: Vec<Arc<Pair>> = lock(&self.pairs).map.values().cloned().collect();
+        pairs.iter().map(|p| lock(&p.state).window.len()).sum()
+    }
 }
 
 /// Why a try at enqueueing must start over.
@@ -277,7 +283,7 @@ async fn dial(inner: &Inner, peer: &ProcId, addr: SocketAddr) -> Result<Handshak
             .map_err(|e| LinkFailure::Protocol(e.to_string()))?;
         send.write_chunk(frame)
             .await
-            .map_err(|e| LinkFailure::ConnectionLost(e.to_string()))?;
+            .map_err(|e| link::classify_write(&e))?;
         let mut decoder = FrameDecoder::new(inner.config.max_frame_bytes);
         match link::read_value::<Control>(&mut recv, &mut decoder).await {
             Ok(Control::Welcome(w)) if w.proc == *peer => Ok(Handshake {
