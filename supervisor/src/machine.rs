@@ -17,6 +17,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use indexmap::IndexMap;
+
 use crate::error::{ChildError, SpecError, StartError};
 use crate::reason::ExitReason;
 use crate::spec::{
@@ -314,7 +316,7 @@ pub struct Machine {
     flags: SupervisorFlags,
     phase: Phase,
     /// Static children in start order.
-    children: Vec<StaticChild>,
+    children: IndexMap<ChildId, StaticChild>,
     /// The template of a `simple_one_for_one` supervisor.
     template: Option<ChildPolicy>,
     /// Dynamic children, keyed by instance number, which grows with start
@@ -352,13 +354,16 @@ impl Machine {
                     count: children.len(),
                 });
             }
-            (children.into_iter().next(), Vec::new())
+            (children.into_iter().next(), IndexMap::new())
         } else {
             let children = children
                 .into_iter()
-                .map(|policy| StaticChild {
-                    policy,
-                    life: Life::new(),
+                .map(|policy| {
+                    let child = StaticChild {
+                        policy,
+                        life: Life::new(),
+                    };
+                    (child.policy.id.clone(), child)
                 })
                 .collect();
             (None, children)
@@ -395,10 +400,21 @@ impl Machine {
         self.phase == Phase::Running
     }
 
+    /// How many children (static specifications and dynamic instances) the
+    /// machine knows.
+    pub fn len(&self) -> usize {
+        self.children.len() + self.dynamic.len()
+    }
+
+    /// Whether the machine knows no child.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The policy of a child, static or dynamic.
     pub fn policy(&self, key: &ChildKey) -> Option<&ChildPolicy> {
         match key {
-            ChildKey::Static(id) => self.static_index(id).map(|i| &self.children[i].policy),
+            ChildKey::Static(id) => self.children.get(id).map(|c| &c.policy),
             ChildKey::Dynamic(n) => self
                 .template
                 .as_ref()
@@ -425,7 +441,7 @@ impl Machine {
                 .collect()
         } else {
             self.children
-                .iter()
+                .values()
                 .map(|c| ChildInfo {
                     key: ChildKey::Static(c.policy.id.clone()),
                     status: status(c.life.state),
@@ -453,7 +469,7 @@ impl Machine {
             }
             counts.specs = 1;
         } else {
-            for c in &self.children {
+            for c in self.children.values() {
                 add(c.policy.kind, c.life.state);
             }
             counts.specs = self.children.len();
@@ -574,7 +590,7 @@ impl Machine {
         }
         let _ = out;
         self.phase = Phase::Init;
-        for c in &self.children {
+        for c in self.children.values() {
             self.steps.push_back(Step::Start {
                 key: ChildKey::Static(c.policy.id.clone()),
                 purpose: Purpose::Init,
@@ -766,7 +782,7 @@ impl Machine {
             Strategy::RestForOne => self.static_position(key),
             Strategy::OneForAll => 0,
         };
-        for c in &self.children[from..] {
+        for c in self.children.values().skip(from) {
             if !matches!(c.life.state, State::Running(_)) {
                 self.steps.push_back(Step::Start {
                     key: ChildKey::Static(c.policy.id.clone()),
@@ -802,7 +818,7 @@ impl Machine {
                 } else {
                     !self
                         .children
-                        .iter()
+                        .values()
                         .any(|c| c.policy.significant && c.life.state != State::Terminated)
                 }
             }
@@ -841,11 +857,11 @@ impl Machine {
                 if let Err(e) = policy.validate(self.flags.auto_shutdown) {
                     return refuse_started(out, e.into());
                 }
-                if let Some(i) = self.static_index(&policy.id) {
+                if let Some(c) = self.children.get(&policy.id) {
                     let id = policy.id;
                     return refuse_started(
                         out,
-                        match self.children[i].life.state {
+                        match c.life.state {
                             State::Running(_) => ChildError::AlreadyStarted(id),
                             _ => ChildError::AlreadyPresent(id),
                         },
@@ -855,10 +871,13 @@ impl Machine {
                     return refuse_started(out, SpecError::TooManyChildren.into());
                 }
                 let key = ChildKey::Static(policy.id.clone());
-                self.children.push(StaticChild {
-                    policy,
-                    life: Life::new(),
-                });
+                self.children.insert(
+                    policy.id.clone(),
+                    StaticChild {
+                        policy,
+                        life: Life::new(),
+                    },
+                );
                 self.steps.push_back(Step::Start {
                     key,
                     purpose: Purpose::Request(request, RequestKind::StartChild),
@@ -989,7 +1008,7 @@ impl Machine {
                 });
             }
             if c.policy.restart == Restart::Temporary {
-                self.children.remove(i);
+                self.children.shift_remove_index(i);
             } else {
                 c.life.state = State::Terminated;
             }
@@ -1004,11 +1023,11 @@ impl Machine {
                 self.dynamic.remove(n);
             }
             ChildKey::Static(id) => {
-                if let Some(i) = self.static_index(id) {
-                    if self.children[i].policy.restart == Restart::Temporary {
-                        self.children.remove(i);
+                if let Some(c) = self.children.get_mut(id) {
+                    if c.policy.restart == Restart::Temporary {
+                        self.children.shift_remove(id);
                     } else {
-                        self.children[i].life.state = State::Terminated;
+                        c.life.state = State::Terminated;
                     }
                 }
             }
@@ -1027,15 +1046,13 @@ impl Machine {
                 self.dynamic.remove(n);
             }
             ChildKey::Static(id) => {
-                if let Some(i) = self.static_index(id) {
-                    self.children.remove(i);
-                }
+                self.children.shift_remove(id);
             }
         }
     }
 
     fn static_index(&self, id: &ChildId) -> Option<usize> {
-        self.children.iter().position(|c| &c.policy.id == id)
+        self.children.get_index_of(id)
     }
 
     fn static_position(&self, key: &ChildKey) -> usize {
@@ -1049,16 +1066,14 @@ impl Machine {
 
     fn life(&self, key: &ChildKey) -> Option<&Life> {
         match key {
-            ChildKey::Static(id) => self.static_index(id).map(|i| &self.children[i].life),
+            ChildKey::Static(id) => self.children.get(id).map(|c| &c.life),
             ChildKey::Dynamic(n) => self.dynamic.get(n),
         }
     }
 
     fn life_mut(&mut self, key: &ChildKey) -> Option<&mut Life> {
         match key {
-            ChildKey::Static(id) => self
-                .static_index(id)
-                .map(move |i| &mut self.children[i].life),
+            ChildKey::Static(id) => self.children.get_mut(id).map(|c| &mut c.life),
             ChildKey::Dynamic(n) => self.dynamic.get_mut(n),
         }
     }

@@ -318,6 +318,9 @@ impl SupervisorState {
     /// the machine needs nothing more.
     async fn drive(&mut self, myself: &ActorCell, event: Event) -> Drive {
         let mut drive = Drive::default();
+        // Only requests add children; anything may remove some.
+        let prune_after = matches!(event, Event::Request(..));
+        let known = self.machine.len();
         let mut queue: VecDeque<Action> = self.machine.handle(now(), event).into();
         while let Some(action) = queue.pop_front() {
             match action {
@@ -349,7 +352,9 @@ impl SupervisorState {
                 }
             }
         }
-        self.forget_unknown();
+        if prune_after || self.machine.len() < known {
+            self.forget_unknown();
+        }
         drive
     }
 
