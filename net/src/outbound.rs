@@ -8,6 +8,7 @@
 //! acknowledgement reader per stream.
 
 use std::collections::HashMap;
+use std::future::Future as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -94,6 +95,12 @@ struct PairState {
     /// The peer incarnation the window's sequences belong to.
     incarnation: Option<Incarnation>,
     closed: bool,
+    /// The pair's stream while nobody writes to it: `send` writes here
+    /// directly (without waking the driver) when the write completes at
+    /// once; the driver takes it out for writes that may wait.
+    stream: Option<SendStream>,
+    /// Bytes a direct write could not finish, written first by the driver.
+    carry: Vec<Bytes>,
 }
 
 impl Session {
@@ -157,7 +164,7 @@ pub(crate) async fn enqueue(
                 // Given back by `add_permits` when the message leaves the
                 // window.
                 permit.forget();
-                pair.wake.notify_one();
+                write_now(&pair);
                 return Ok(());
             }
             Err(Ok(Retry::Closed)) => continue,
@@ -203,6 +210,43 @@ fn push(
     Ok(())
 }
 
+/// Writes what is unwritten straight to the pair's stream if that completes
+/// without waiting (one poll of a cancel-safe write); otherwise leaves the
+/// rest to the pair driver. Saves a task hop per message on the hot path.
+fn write_now(pair: &Pair) {
+    let mut guard = lock(&pair.state);
+    let state = &mut *guard;
+    let Some(stream) = state.stream.as_mut().filter(|_| state.carry.is_empty()) else {
+        drop(guard);
+        pair.wake.notify_one();
+        return;
+    };
+    let mut chunks: Vec<Bytes> = Vec::new();
+    state
+        .window
+        .take_unwritten(|o| chunks.push(o.frame.clone()));
+    let mut rest: &mut [Bytes] = &mut chunks;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    while !rest.is_empty() {
+        let poll = std::pin::pin!(stream.write_chunks(rest)).poll(&mut cx);
+        match poll {
+            std::task::Poll::Ready(Ok(written)) => rest = &mut rest[written.chunks..],
+            // Blocked (nothing written) or failed: the driver takes over and
+            // meets the same condition.
+            std::task::Poll::Ready(Err(_)) | std::task::Poll::Pending => break,
+        }
+    }
+    if rest.is_empty() {
+        return;
+    }
+    // A partly written chunk was advanced in place to its unwritten part.
+    state
+        .carry
+        .extend(rest.iter().filter(|b| !b.is_empty()).cloned());
+    drop(guard);
+    pair.wake.notify_one();
+}
+
 fn pair_for(inner: &Arc<Inner>, peer: &ProcId, key: PairKey) -> Result<Arc<Pair>, SendFailure> {
     let session = {
         let mut sessions = lock(&inner.sessions);
@@ -243,6 +287,8 @@ fn pair_for(inner: &Arc<Inner>, peer: &ProcId, key: PairKey) -> Result<Arc<Pair>
             window: SendWindow::new(),
             incarnation: None,
             closed: false,
+            stream: None,
+            carry: Vec::new(),
         }),
         permits: Semaphore::new(inner.config.send_buffer_messages.get()),
         wake: Notify::new(),
@@ -537,7 +583,11 @@ async fn run_stream(
     let Ok((mut send, recv)) = opened else {
         return wait_for_new_link(link_rx).await;
     };
-    let first_seq = lock(&pair.state).window.rewind();
+    let first_seq = {
+        let mut state = lock(&pair.state);
+        state.carry.clear();
+        state.window.rewind()
+    };
     let open = ToReceiver::Open {
         sender: pair.key.0.clone(),
         receiver: pair.key.1.clone(),
@@ -550,18 +600,25 @@ async fn run_stream(
     if send.write_chunk(open).await.is_err() {
         return wait_for_new_link(link_rx).await;
     }
+    lock(&pair.state).stream = Some(send);
     let mut acks: JoinHandle<AckEnd> = tokio::spawn(read_acks(inner.clone(), pair.clone(), recv));
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut idle_since = Instant::now();
     let end = loop {
-        let empty = {
+        let (taken, empty) = {
             let mut state = lock(&pair.state);
+            chunks.append(&mut state.carry);
             state
                 .window
                 .take_unwritten(|o| chunks.push(o.frame.clone()));
-            state.window.is_empty()
+            let taken = if chunks.is_empty() {
+                None
+            } else {
+                state.stream.take()
+            };
+            (taken, state.window.is_empty())
         };
-        if !chunks.is_empty() {
+        if let Some(mut send) = taken {
             let write = send.write_all_chunks(&mut chunks);
             let result = tokio::select! {
                 r = write => r,
@@ -575,9 +632,12 @@ async fn run_stream(
                     _ => StreamEnd::LinkLost,
                 };
             }
+            lock(&pair.state).stream = Some(send);
             idle_since = Instant::now();
             continue;
         }
+        // Only this driver takes the stream out, so it is in place here.
+        chunks.clear();
         if !empty {
             idle_since = Instant::now();
         }
@@ -588,7 +648,9 @@ async fn run_stream(
                 Ok(AckEnd::Closed(reason)) => StreamEnd::Refused(reason),
                 Ok(AckEnd::Protocol(e)) => {
                     inner.emit(TransportEvent::ProtocolViolation { peer: session.peer.clone(), error: e.clone() });
-                    let _ = send.reset(code::PROTOCOL);
+                    if let Some(mut send) = lock(&pair.state).stream.take() {
+                        let _ = send.reset(code::PROTOCOL);
+                    }
                     StreamEnd::Refused(e.to_string())
                 }
                 Ok(AckEnd::Finished) => StreamEnd::Refused("peer finished the stream".into()),
@@ -596,7 +658,9 @@ async fn run_stream(
             },
             _ = tokio::time::sleep_until(idle_at), if empty => {
                 if close_if_idle(session, pair) {
-                    let _ = send.finish();
+                    if let Some(mut send) = lock(&pair.state).stream.take() {
+                        let _ = send.finish();
+                    }
                     break StreamEnd::Idle;
                 }
                 idle_since = Instant::now();
@@ -606,6 +670,12 @@ async fn run_stream(
             }
         }
     };
+    {
+        // The stream is over: later sends wait for the next one.
+        let mut state = lock(&pair.state);
+        state.stream = None;
+        state.carry.clear();
+    }
     if !matches!(end, StreamEnd::Idle) {
         acks.abort();
     }

@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use regent::bench::{self, BenchOptions, Report};
 
 #[derive(Debug, Parser)]
-#[command(name = "regent", version, about = "A fault-tolerant supervisor runtime for distributed ML training")]
+#[command(
+    name = "regent",
+    version,
+    about = "A fault-tolerant supervisor runtime for distributed ML training"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,11 +34,19 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The peer process of `bench net` (started by it, not by hand).
+    #[command(hide = true)]
+    BenchPeer {
+        /// Directory with the peer's credentials.
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Suite {
     Supervision,
+    Net,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,6 +69,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(async {
                 match suite {
                     Suite::Supervision => bench::supervision::run(opts, &mut report).await,
+                    Suite::Net => bench::net::run(opts, &mut report).await,
                 }
             })?;
             if let Some(path) = json {
@@ -64,5 +77,6 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::BenchPeer { dir } => rt.block_on(bench::net::serve_peer(&dir)),
     }
 }

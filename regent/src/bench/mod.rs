@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub mod net;
 pub mod supervision;
 
 /// Options shared by every suite.
