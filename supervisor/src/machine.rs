@@ -1,5 +1,5 @@
 //! The supervision decision logic as a pure state machine: `(now, event) ->
-//! actions`. No I/O, no clock, no actors; the adapter in [`crate::actor`]
+//! actions`. No I/O, no clock, no actors; the adapter, [`crate::Supervisor`],
 //! performs the actions and feeds their outcomes back as events.
 //!
 //! # Protocol
