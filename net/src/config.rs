@@ -38,6 +38,11 @@ pub struct EndpointConfig {
     pub ack_every_messages: NonZeroUsize,
     /// ...or this long after the first unacknowledged one. Default 5 ms.
     pub ack_delay: Duration,
+    /// QUIC acknowledges received packets after this many ack-eliciting
+    /// packets or `ack_delay`, whichever comes first (requested from the peer
+    /// with the ACK frequency extension; 1 keeps QUIC's default of one ACK
+    /// per two packets or 25 ms). Default 16.
+    pub quic_ack_threshold_packets: u32,
     /// Concurrent data streams a peer may open to this endpoint (one per
     /// (sender actor, receiver actor) pair with traffic). Default 256.
     pub max_streams_per_peer: u32,
@@ -76,6 +81,7 @@ impl Default for EndpointConfig {
             inbox_messages: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
             ack_every_messages: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
             ack_delay: Duration::from_millis(5),
+            quic_ack_threshold_packets: 16,
             max_streams_per_peer: 256,
             stream_window_bytes: 512 << 10,
             pair_idle_timeout: Duration::from_secs(30),
@@ -120,6 +126,8 @@ setters! {
     ack_every_messages: NonZeroUsize;
     /// Sets the acknowledgement delay.
     ack_delay: Duration;
+    /// Sets the QUIC acknowledgement threshold.
+    quic_ack_threshold_packets: u32;
     /// Sets the stream limit per peer.
     max_streams_per_peer: u32;
     /// Sets the per-stream window.
@@ -160,6 +168,9 @@ impl EndpointConfig {
         }
         if self.max_streams_per_peer == 0 || self.stream_window_bytes == 0 {
             return bad("max_streams_per_peer and stream_window_bytes must be positive".into());
+        }
+        if self.quic_ack_threshold_packets == 0 {
+            return bad("quic_ack_threshold_packets is zero".into());
         }
         if self.max_peers == 0 {
             return bad("max_peers is zero".into());

@@ -559,5 +559,14 @@ fn transport_config(config: &EndpointConfig) -> Result<quinn::TransportConfig, E
         })?,
     ));
     t.datagram_receive_buffer_size(None);
+    if config.quic_ack_threshold_packets > 1 {
+        // Ask the peer (QUIC ACK frequency extension) for fewer ACK-only
+        // packets: with one connection per direction, ACKs cannot ride on
+        // replies, and each costs both procs a wakeup.
+        let mut ack = quinn::AckFrequencyConfig::default();
+        ack.ack_eliciting_threshold(VarInt::from_u32(config.quic_ack_threshold_packets - 1));
+        ack.max_ack_delay(Some(config.ack_delay));
+        t.ack_frequency_config(Some(ack));
+    }
     Ok(t)
 }

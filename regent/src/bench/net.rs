@@ -15,8 +15,9 @@
 //!   its inbox, stream window and send buffer are full and its sender is
 //!   blocked), against the unloaded round trip: the head-of-line ratio.
 //!
-//! The run goes in rounds, each measuring every figure next to its
-//! baseline, so that both see the same load on a shared machine.
+//! Each figure is measured in blocks alternating with its baseline (the
+//! head-of-line rounds measure the unloaded round trip just before loading),
+//! so that both see the same load on a shared machine.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -41,6 +42,8 @@ const PAYLOAD_BYTES: usize = 64;
 const DEADLINE: Duration = Duration::from_secs(60);
 /// Rounds that interleave the figures and their baselines.
 const ROUNDS: usize = 4;
+/// Blocks of the round-trip figures, alternating QUIC and TCP.
+const RTT_BLOCKS: usize = 20;
 
 /// A request or response of the round-trip figures.
 #[derive(Debug, Serialize, Deserialize)]
@@ -166,16 +169,28 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
     let mut hol_rtt = Vec::new();
     let mut tcp_rates = Vec::new();
     let mut quic_rates = Vec::new();
-    let rtt_block = rtt_n / ROUNDS;
-    tcp_round_trips(tcp_addr, warmup, &mut Vec::new()).await?;
+    let mut tcp = tcp_echo(tcp_addr).await?;
+    tcp_round_trips(&mut tcp, warmup, &mut Vec::new()).await?;
     quic_round_trips(&endpoint, &mut replies, &echo, warmup, &mut Vec::new()).await?;
+    for _ in 0..RTT_BLOCKS {
+        tcp_round_trips(&mut tcp, rtt_n / RTT_BLOCKS, &mut tcp_rtt).await?;
+        quic_round_trips(
+            &endpoint,
+            &mut replies,
+            &echo,
+            rtt_n / RTT_BLOCKS,
+            &mut quic_rtt,
+        )
+        .await?;
+    }
+    let mut unloaded_rtt = Vec::new();
+    let hol_block = rtt_n / ROUNDS / 2;
     for _ in 0..ROUNDS {
-        tcp_round_trips(tcp_addr, rtt_block, &mut tcp_rtt).await?;
-        quic_round_trips(&endpoint, &mut replies, &echo, rtt_block, &mut quic_rtt).await?;
         tcp_rates.push(tcp_one_way(tcp_addr, one_way_n / ROUNDS).await?);
         quic_rates
             .push(quic_one_way(&endpoint, &pump, &mut done, &server, one_way_n / ROUNDS).await?);
 
+        quic_round_trips(&endpoint, &mut replies, &echo, hol_block, &mut unloaded_rtt).await?;
         // Head of line: block the stuck actor and saturate its stream.
         let client = replies.port().actor.clone();
         endpoint
@@ -200,7 +215,7 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
         };
         wait_until_blocked(&sent).await?;
         let kept = endpoint.unacknowledged(&server);
-        quic_round_trips(&endpoint, &mut replies, &echo, rtt_block, &mut hol_rtt).await?;
+        quic_round_trips(&endpoint, &mut replies, &echo, hol_block, &mut hol_rtt).await?;
         hog.abort();
         tracing::info!(sent = sent.load(Ordering::Relaxed), kept, "hog was blocked");
         // Unblock and drain before the next unloaded round.
@@ -214,7 +229,7 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-    for v in [&mut tcp_rtt, &mut quic_rtt, &mut hol_rtt] {
+    for v in [&mut tcp_rtt, &mut quic_rtt, &mut hol_rtt, &mut unloaded_rtt] {
         v.sort_unstable();
     }
     tcp_rates.sort_by(f64::total_cmp);
@@ -249,7 +264,11 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
             micros(percentile(&hol_rtt, 50.0)),
             "us",
         )
-        .against("rtt_p50", micros(percentile(&quic_rtt, 50.0)), "us"),
+        .against(
+            "rtt_unloaded_p50",
+            micros(percentile(&unloaded_rtt, 50.0)),
+            "us",
+        ),
     );
     report.push(
         Figure::new(
@@ -258,7 +277,11 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
             micros(percentile(&hol_rtt, 99.0)),
             "us",
         )
-        .against("rtt_p99", micros(percentile(&quic_rtt, 99.0)), "us"),
+        .against(
+            "rtt_unloaded_p99",
+            micros(percentile(&unloaded_rtt, 99.0)),
+            "us",
+        ),
     );
     endpoint.close();
     Ok(())
@@ -281,14 +304,18 @@ async fn wait_until_blocked(sent: &AtomicU64) -> anyhow::Result<()> {
     }
 }
 
-async fn tcp_round_trips(
-    addr: std::net::SocketAddr,
-    n: usize,
-    samples: &mut Vec<Duration>,
-) -> anyhow::Result<()> {
+async fn tcp_echo(addr: std::net::SocketAddr) -> anyhow::Result<TcpStream> {
     let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     stream.write_all(b"E").await?;
+    Ok(stream)
+}
+
+async fn tcp_round_trips(
+    stream: &mut TcpStream,
+    n: usize,
+    samples: &mut Vec<Duration>,
+) -> anyhow::Result<()> {
     let request = [7u8; PAYLOAD_BYTES];
     let mut response = [0u8; PAYLOAD_BYTES];
     for _ in 0..n {
