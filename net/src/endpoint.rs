@@ -166,6 +166,25 @@ impl Inner {
     }
 }
 
+/// A send after its checks: a local delivery, or a remote message with its
+/// encoded payload.
+enum Prepared<M> {
+    Local(Delivery),
+    Remote(M, Bytes),
+}
+
+/// Gives a local message back: the delivery was built from an `M`.
+fn give_back_local<M: Message>(delivery: Delivery, failure: SendFailure) -> SendError<M> {
+    let message = match delivery.payload {
+        Payload::Local(any) => match any.downcast::<M>() {
+            Ok(m) => *m,
+            Err(_) => unreachable!("local deliveries are boxed from the sent M"),
+        },
+        Payload::Wire(_) => unreachable!("sends of an M build local payloads"),
+    };
+    SendError { message, failure }
+}
+
 /// Closes the endpoint when the last [`Endpoint`] handle goes.
 struct CloseOnDrop(Arc<Inner>);
 
@@ -375,7 +394,25 @@ impl Endpoint {
         generation: Generation,
         message: M,
     ) -> Result<(), SendError<M>> {
-        self.send_inner(from, to, generation, message, true).await
+        match self.prepare(from, to, generation, message)? {
+            Prepared::Local(delivery) => match self.local_port(&delivery) {
+                Ok(entry) => entry.tx.send(delivery).await.map_err(|e| {
+                    let port = e.0.receiver.clone();
+                    give_back_local(e.0, SendFailure::NoSuchPort(port))
+                }),
+                Err(failure) => Err(give_back_local(delivery, failure)),
+            },
+            Prepared::Remote(message, payload) => outbound::enqueue(
+                &self.inner,
+                from,
+                to,
+                generation,
+                TypeTag::of::<M>(),
+                payload,
+            )
+            .await
+            .map_err(|failure| SendError { message, failure }),
+        }
     }
 
     /// Like [`Self::send`] but fails with [`SendFailure::Full`] instead of
@@ -387,15 +424,26 @@ impl Endpoint {
         generation: Generation,
         message: M,
     ) -> Result<(), SendError<M>> {
-        // With `wait == false` nothing in `send_inner` waits, so one poll
-        // completes it.
-        let fut = std::pin::pin!(self.send_inner(from, to, generation, message, false));
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match fut.poll(&mut cx) {
-            std::task::Poll::Ready(result) => result,
-            std::task::Poll::Pending => {
-                unreachable!("send_inner without waiting completes in one poll")
-            }
+        match self.prepare(from, to, generation, message)? {
+            Prepared::Local(delivery) => match self.local_port(&delivery) {
+                Ok(entry) => entry.tx.try_send(delivery).map_err(|e| match e {
+                    mpsc::error::TrySendError::Full(d) => give_back_local(d, SendFailure::Full),
+                    mpsc::error::TrySendError::Closed(d) => {
+                        let port = d.receiver.clone();
+                        give_back_local(d, SendFailure::NoSuchPort(port))
+                    }
+                }),
+                Err(failure) => Err(give_back_local(delivery, failure)),
+            },
+            Prepared::Remote(message, payload) => outbound::try_enqueue(
+                &self.inner,
+                from,
+                to,
+                generation,
+                TypeTag::of::<M>(),
+                payload,
+            )
+            .map_err(|failure| SendError { message, failure }),
         }
     }
 
@@ -409,42 +457,56 @@ impl Endpoint {
         type_tag: TypeTag,
         payload: Bytes,
     ) -> Result<(), SendError<Bytes>> {
-        if *to.proc() == self.inner.proc {
-            let delivery = Delivery {
-                sender: from.clone(),
-                receiver: to.clone(),
-                seq: Seq(0),
-                generation,
-                type_tag,
-                payload: Payload::Wire(payload),
-            };
-            return self
-                .deliver_local(delivery, true)
+        if from.proc != self.inner.proc {
+            return Err(SendError {
+                message: payload,
+                failure: SendFailure::ForeignSender(from.proc.clone()),
+            });
+        }
+        if *to.proc() != self.inner.proc {
+            return outbound::enqueue(&self.inner, from, to, generation, type_tag, payload.clone())
                 .await
-                .map_err(|(d, failure)| {
-                    let Payload::Wire(message) = d.payload else {
-                        unreachable!("the delivery was built with a wire payload")
-                    };
-                    SendError { message, failure }
+                .map_err(|failure| SendError {
+                    message: payload,
+                    failure,
                 });
         }
-        let payload_copy = payload.clone();
-        outbound::enqueue(&self.inner, from, to, generation, type_tag, payload, true)
-            .await
-            .map_err(|failure| SendError {
-                message: payload_copy,
+        let delivery = Delivery {
+            sender: from.clone(),
+            receiver: to.clone(),
+            seq: Seq(0),
+            generation,
+            type_tag,
+            payload: Payload::Wire(payload),
+        };
+        let wire_payload = |d: Delivery| match d.payload {
+            Payload::Wire(bytes) => bytes,
+            Payload::Local(_) => Bytes::new(),
+        };
+        match self.local_port(&delivery) {
+            Ok(entry) => entry.tx.send(delivery).await.map_err(|e| {
+                let failure = SendFailure::NoSuchPort(e.0.receiver.clone());
+                SendError {
+                    message: wire_payload(e.0),
+                    failure,
+                }
+            }),
+            Err(failure) => Err(SendError {
+                message: wire_payload(delivery),
                 failure,
-            })
+            }),
+        }
     }
 
-    async fn send_inner<M: Message>(
+    /// Checks the sender and either builds the local delivery (the value,
+    /// unencoded) or encodes the payload for a remote send.
+    fn prepare<M: Message>(
         &self,
         from: &ActorId,
         to: &PortId,
         generation: Generation,
         message: M,
-        wait: bool,
-    ) -> Result<(), SendError<M>> {
+    ) -> Result<Prepared<M>, SendError<M>> {
         if from.proc != self.inner.proc {
             return Err(SendError {
                 message,
@@ -452,79 +514,35 @@ impl Endpoint {
             });
         }
         if *to.proc() == self.inner.proc {
-            let delivery = Delivery {
+            return Ok(Prepared::Local(Delivery {
                 sender: from.clone(),
                 receiver: to.clone(),
                 seq: Seq(0),
                 generation,
                 type_tag: TypeTag::of::<M>(),
                 payload: Payload::Local(Box::new(message)),
-            };
-            return self
-                .deliver_local(delivery, wait)
-                .await
-                .map_err(|(d, failure)| SendError {
-                    message: match d.payload {
-                        Payload::Local(any) => match any.downcast::<M>() {
-                            Ok(m) => *m,
-                            Err(_) => unreachable!("the payload was boxed from an M"),
-                        },
-                        Payload::Wire(_) => unreachable!("the delivery was built local"),
-                    },
-                    failure,
-                });
+            }));
         }
-        let payload = match wire::encode_payload(&message) {
-            Ok(p) => p,
-            Err(e) => {
-                return Err(SendError {
-                    message,
-                    failure: e.into(),
-                });
-            }
-        };
-        match outbound::enqueue(
-            &self.inner,
-            from,
-            to,
-            generation,
-            TypeTag::of::<M>(),
-            payload,
-            wait,
-        )
-        .await
-        {
-            Ok(()) => Ok(()),
-            Err(failure) => Err(SendError { message, failure }),
+        match wire::encode_payload(&message) {
+            Ok(payload) => Ok(Prepared::Remote(message, payload)),
+            Err(e) => Err(SendError {
+                message,
+                failure: e.into(),
+            }),
         }
     }
 
-    async fn deliver_local(
-        &self,
-        delivery: Delivery,
-        wait: bool,
-    ) -> Result<(), (Delivery, SendFailure)> {
-        let Some(entry) = self.inner.port(&delivery.receiver) else {
-            let failure = SendFailure::NoSuchPort(delivery.receiver.clone());
-            return Err((delivery, failure));
-        };
+    /// The open, unfenced local port a delivery goes to.
+    fn local_port(&self, delivery: &Delivery) -> Result<PortEntry, SendFailure> {
+        let entry = self
+            .inner
+            .port(&delivery.receiver)
+            .ok_or_else(|| SendFailure::NoSuchPort(delivery.receiver.clone()))?;
         let fence = Generation(entry.fence.load(Ordering::Acquire));
         if delivery.generation < fence {
-            return Err((delivery, SendFailure::Fenced { fence }));
+            return Err(SendFailure::Fenced { fence });
         }
-        let port = delivery.receiver.clone();
-        if wait {
-            entry
-                .tx
-                .send(delivery)
-                .await
-                .map_err(|e| (e.0, SendFailure::NoSuchPort(port)))
-        } else {
-            entry.tx.try_send(delivery).map_err(|e| match e {
-                mpsc::error::TrySendError::Full(d) => (d, SendFailure::Full),
-                mpsc::error::TrySendError::Closed(d) => (d, SendFailure::NoSuchPort(port)),
-            })
-        }
+        Ok(entry)
     }
 
     /// Closes the endpoint: every connection closes, kept messages come back

@@ -129,7 +129,6 @@ pub(crate) async fn enqueue(
     generation: Generation,
     type_tag: TypeTag,
     payload: Bytes,
-    wait: bool,
 ) -> Result<(), SendFailure> {
     // A pair can close (idle, or its session gave up) between lookup and
     // push; then a fresh one is made. Three tries bound this loop: a new
@@ -139,39 +138,69 @@ pub(crate) async fn enqueue(
             return Err(SendFailure::Closed);
         }
         let pair = pair_for(inner, to.proc(), (from.clone(), to.actor.clone()))?;
-        let permit = if wait {
-            match pair.permits.acquire().await {
-                Ok(p) => p,
-                Err(_) => continue,
-            }
-        } else {
-            match pair.permits.try_acquire() {
-                Ok(p) => p,
-                Err(TryAcquireError::NoPermits) => return Err(SendFailure::Full),
-                Err(TryAcquireError::Closed) => continue,
-            }
+        let Ok(permit) = pair.permits.acquire().await else {
+            continue;
         };
-        match push(
-            inner,
-            &pair,
-            from,
-            to,
-            generation,
-            type_tag,
-            payload.clone(),
+        if let Some(result) = accept(
+            inner, &pair, permit, from, to, generation, type_tag, &payload,
         ) {
-            Ok(()) => {
-                // Given back by `add_permits` when the message leaves the
-                // window.
-                permit.forget();
-                write_now(&pair);
-                return Ok(());
-            }
-            Err(Ok(Retry::Closed)) => continue,
-            Err(Err(failure)) => return Err(failure),
+            return result;
         }
     }
     Err(SendFailure::Closed)
+}
+
+/// Like [`enqueue`], failing with `Full` instead of waiting.
+pub(crate) fn try_enqueue(
+    inner: &Arc<Inner>,
+    from: &ActorId,
+    to: &PortId,
+    generation: Generation,
+    type_tag: TypeTag,
+    payload: Bytes,
+) -> Result<(), SendFailure> {
+    for _ in 0..3 {
+        if *inner.shutdown.borrow() {
+            return Err(SendFailure::Closed);
+        }
+        let pair = pair_for(inner, to.proc(), (from.clone(), to.actor.clone()))?;
+        let permit = match pair.permits.try_acquire() {
+            Ok(p) => p,
+            Err(TryAcquireError::NoPermits) => return Err(SendFailure::Full),
+            Err(TryAcquireError::Closed) => continue,
+        };
+        if let Some(result) = accept(
+            inner, &pair, permit, from, to, generation, type_tag, &payload,
+        ) {
+            return result;
+        }
+    }
+    Err(SendFailure::Closed)
+}
+
+/// Keeps the message in the pair (holding a buffer permit) and writes it if
+/// that completes at once; `None` when the pair closed meanwhile.
+#[allow(clippy::too_many_arguments)]
+fn accept(
+    inner: &Inner,
+    pair: &Pair,
+    permit: tokio::sync::SemaphorePermit<'_>,
+    from: &ActorId,
+    to: &PortId,
+    generation: Generation,
+    type_tag: TypeTag,
+    payload: &Bytes,
+) -> Option<Result<(), SendFailure>> {
+    match push(inner, pair, from, to, generation, type_tag, payload.clone()) {
+        Ok(()) => {
+            // Given back by `add_permits` when the message leaves the window.
+            permit.forget();
+            write_now(pair);
+            Some(Ok(()))
+        }
+        Err(Ok(Retry::Closed)) => None,
+        Err(Err(failure)) => Some(Err(failure)),
+    }
 }
 
 fn push(
