@@ -378,6 +378,12 @@ impl Endpoint {
         session.map_or(0, |s| s.unacknowledged())
     }
 
+    /// Pairs (sender actor, receiver actor) with a stream open to `peer`.
+    pub fn open_pairs(&self, peer: &ProcId) -> usize {
+        let session = lock(&self.inner.sessions).get(peer).cloned();
+        session.map_or(0, |s| s.open_pairs())
+    }
+
     /// Events dropped because the event channel was full.
     pub fn dropped_events(&self) -> u64 {
         self.inner.dropped_events.load(Ordering::Relaxed)

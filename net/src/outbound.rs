@@ -101,11 +101,18 @@ struct PairState {
     stream: Option<SendStream>,
     /// Bytes a direct write could not finish, written first by the driver.
     carry: Vec<Bytes>,
+    /// When the last message was accepted (for closing idle pairs).
+    last_send: Instant,
 }
 
 impl Session {
     fn is_closed(&self) -> bool {
         lock(&self.pairs).closed
+    }
+
+    /// Pairs in the session.
+    pub(crate) fn open_pairs(&self) -> usize {
+        lock(&self.pairs).map.len()
     }
 
     /// Messages kept by all pairs.
@@ -228,6 +235,7 @@ fn push(
     let max_frame_bytes = inner.config.max_frame_bytes;
     let frame = wire::encode_message_frame(&envelope, max_frame_bytes)
         .map_err(|e| Err(SendFailure::Wire(e)))?;
+    state.last_send = Instant::now();
     state.window.push(
         seq,
         Outgoing {
@@ -318,6 +326,7 @@ fn pair_for(inner: &Arc<Inner>, peer: &ProcId, key: PairKey) -> Result<Arc<Pair>
             closed: false,
             stream: None,
             carry: Vec::new(),
+            last_send: Instant::now(),
         }),
         permits: Semaphore::new(inner.config.send_buffer_messages.get()),
         wake: Notify::new(),
@@ -632,9 +641,10 @@ async fn run_stream(
     lock(&pair.state).stream = Some(send);
     let mut acks: JoinHandle<AckEnd> = tokio::spawn(read_acks(inner.clone(), pair.clone(), recv));
     let mut chunks: Vec<Bytes> = Vec::new();
-    let mut idle_since = Instant::now();
+    // Not before this: the pair was found busy at its last idle check.
+    let mut next_idle_check = Instant::now();
     let end = loop {
-        let (taken, empty) = {
+        let (taken, last_send) = {
             let mut state = lock(&pair.state);
             chunks.append(&mut state.carry);
             state
@@ -645,7 +655,7 @@ async fn run_stream(
             } else {
                 state.stream.take()
             };
-            (taken, state.window.is_empty())
+            (taken, state.last_send)
         };
         if let Some(mut send) = taken {
             let write = send.write_all_chunks(&mut chunks);
@@ -662,15 +672,11 @@ async fn run_stream(
                 };
             }
             lock(&pair.state).stream = Some(send);
-            idle_since = Instant::now();
             continue;
         }
         // Only this driver takes the stream out, so it is in place here.
         chunks.clear();
-        if !empty {
-            idle_since = Instant::now();
-        }
-        let idle_at = idle_since + inner.config.pair_idle_timeout;
+        let idle_at = (last_send + inner.config.pair_idle_timeout).max(next_idle_check);
         tokio::select! {
             _ = pair.wake.notified() => {}
             ack_end = &mut acks => break match ack_end {
@@ -685,14 +691,16 @@ async fn run_stream(
                 Ok(AckEnd::Finished) => StreamEnd::Refused("peer finished the stream".into()),
                 Ok(AckEnd::Lost) | Err(_) => StreamEnd::LinkLost,
             },
-            _ = tokio::time::sleep_until(idle_at), if empty => {
-                if close_if_idle(session, pair) {
+            _ = tokio::time::sleep_until(idle_at) => {
+                if close_if_idle(session, pair, inner.config.pair_idle_timeout) {
                     if let Some(mut send) = lock(&pair.state).stream.take() {
                         let _ = send.finish();
                     }
                     break StreamEnd::Idle;
                 }
-                idle_since = Instant::now();
+                // Unacknowledged messages (or a send just now): look again
+                // later.
+                next_idle_check = Instant::now() + inner.config.pair_idle_timeout / 4;
             }
             changed = link_rx.changed() => {
                 break if changed.is_err() { StreamEnd::SessionClosed } else { StreamEnd::LinkLost };
@@ -734,12 +742,13 @@ async fn refused_reason(acks: &mut JoinHandle<AckEnd>) -> StreamEnd {
     }
 }
 
-/// Closes the pair if nothing is kept; later sends make a new pair (with a
+/// Closes the pair if nothing is kept and nothing was sent for
+/// `idle_timeout`; later sends make a new pair (with a
 /// new epoch, so the receiver starts it fresh).
-fn close_if_idle(session: &Session, pair: &Arc<Pair>) -> bool {
+fn close_if_idle(session: &Session, pair: &Arc<Pair>, idle_timeout: Duration) -> bool {
     let mut pairs = lock(&session.pairs);
     let mut state = lock(&pair.state);
-    if !state.window.is_empty() {
+    if !state.window.is_empty() || state.last_send.elapsed() < idle_timeout {
         return false;
     }
     state.closed = true;

@@ -374,3 +374,38 @@ async fn peers_without_this_clusters_certificate_are_refused() {
     };
     assert!(matches!(cause, LinkFailure::Refused(_)), "{cause:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_pairs_close_and_a_new_pair_starts_fresh() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let config = EndpointConfig::default().pair_idle_timeout(Duration::from_millis(200));
+    let a = bind(&ca, "a", config.clone());
+    let b = bind(&ca, "b", config);
+    a.add_route(b.addr());
+    let mut inbox = b
+        .open_port(pid("b").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    let from = pid("a").actor("src", 0).unwrap();
+    for n in 0..3 {
+        a.send(&from, inbox.port(), Generation(0), Num(n))
+            .await
+            .unwrap();
+        assert_eq!(recv(&mut inbox).await.seq, Seq(n + 1));
+    }
+    assert_eq!(a.open_pairs(&pid("b")), 1);
+    timeout(DEADLINE, async {
+        while a.open_pairs(&pid("b")) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the idle pair closes");
+    // A new pair (new epoch): sequence 1 again, and not taken for a
+    // duplicate by the receiver.
+    a.send(&from, inbox.port(), Generation(0), Num(9))
+        .await
+        .unwrap();
+    let d = recv(&mut inbox).await;
+    assert_eq!(d.seq, Seq(1));
+    assert_eq!(d.decode::<Num>().unwrap(), Num(9));
+}
