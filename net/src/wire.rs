@@ -24,6 +24,8 @@ use crate::id::{ActorId, Generation, Incarnation, PortId, ProcId, Seq, TypeTag};
 
 /// The protocol version in `Hello`; a peer with another one is refused.
 pub const PROTOCOL_VERSION: u32 = 1;
+/// The most a decoder reserves ahead of the bytes it has.
+const READ_RESERVE_BYTES: usize = 64 << 10;
 /// Bytes of the length prefix of a frame.
 pub const LENGTH_PREFIX_BYTES: usize = 4;
 
@@ -291,7 +293,11 @@ impl FrameDecoder {
             });
         }
         if self.buf.len() < LENGTH_PREFIX_BYTES + len {
-            self.buf.reserve(LENGTH_PREFIX_BYTES + len - self.buf.len());
+            // Grow with the bytes that arrive, not with what the prefix
+            // announces: a peer announcing large frames and sending nothing
+            // costs no memory.
+            let missing = LENGTH_PREFIX_BYTES + len - self.buf.len();
+            self.buf.reserve(missing.min(READ_RESERVE_BYTES));
             return Ok(None);
         }
         self.buf.advance(LENGTH_PREFIX_BYTES);
