@@ -15,6 +15,9 @@
 //!   its inbox, stream window and send buffer are full and its sender is
 //!   blocked), against the unloaded round trip: the head-of-line ratio.
 //!
+//! - `rtt_busy_p50`: the round trip while another actor streams 4 KiB
+//!   messages to a receiver that keeps up (bandwidth shared, no blocking).
+//!
 //! Each figure is measured in blocks alternating with its baseline (the
 //! head-of-line rounds measure the unloaded round trip just before loading),
 //! so that both see the same load on a shared machine.
@@ -184,6 +187,7 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
         .await?;
     }
     let mut unloaded_rtt = Vec::new();
+    let mut busy_rtt = Vec::new();
     let hol_block = rtt_n / ROUNDS / 2;
     for _ in 0..ROUNDS {
         tcp_rates.push(tcp_one_way(tcp_addr, one_way_n / ROUNDS).await?);
@@ -198,21 +202,7 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
             .await
             .map_err(|e| anyhow::anyhow!("{}", e.failure))?;
         let sent = Arc::new(AtomicU64::new(0));
-        let hog = {
-            let endpoint = endpoint.clone();
-            let sent = sent.clone();
-            let (hog_actor, stuck) = (hog_actor.clone(), stuck.clone());
-            tokio::spawn(async move {
-                let blob = Hog(vec![0x5a; 4096]);
-                while endpoint
-                    .send(&hog_actor, &stuck, Generation(0), blob.clone())
-                    .await
-                    .is_ok()
-                {
-                    sent.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        };
+        let hog = spawn_hog(&endpoint, &hog_actor, &stuck, &sent);
         wait_until_blocked(&sent).await?;
         let kept = endpoint.unacknowledged(&server);
         quic_round_trips(&endpoint, &mut replies, &echo, hol_block, &mut hol_rtt).await?;
@@ -223,13 +213,22 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
             .send(&client, &control, Generation(0), Gate { open: true })
             .await
             .map_err(|e| anyhow::anyhow!("{}", e.failure))?;
-        let start = Instant::now();
-        while endpoint.unacknowledged(&server) > 0 {
-            anyhow::ensure!(start.elapsed() < DEADLINE, "the stuck pair did not drain");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        drain(&endpoint, &server).await?;
+
+        // Busy rather than blocked: the same actor streams to a receiver
+        // that keeps up, so the connection carries bulk data meanwhile.
+        let hog = spawn_hog(&endpoint, &hog_actor, &stuck, &Arc::new(AtomicU64::new(0)));
+        quic_round_trips(&endpoint, &mut replies, &echo, hol_block, &mut busy_rtt).await?;
+        hog.abort();
+        drain(&endpoint, &server).await?;
     }
-    for v in [&mut tcp_rtt, &mut quic_rtt, &mut hol_rtt, &mut unloaded_rtt] {
+    for v in [
+        &mut tcp_rtt,
+        &mut quic_rtt,
+        &mut hol_rtt,
+        &mut unloaded_rtt,
+        &mut busy_rtt,
+    ] {
         v.sort_unstable();
     }
     tcp_rates.sort_by(f64::total_cmp);
@@ -283,7 +282,51 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
             "us",
         ),
     );
+    report.push(
+        Figure::new(
+            SUITE,
+            "rtt_busy_p50",
+            micros(percentile(&busy_rtt, 50.0)),
+            "us",
+        )
+        .against(
+            "rtt_unloaded_p50",
+            micros(percentile(&unloaded_rtt, 50.0)),
+            "us",
+        ),
+    );
     endpoint.close();
+    Ok(())
+}
+
+/// Starts an actor sending 4 KiB messages to `to` as fast as it may,
+/// counting them in `sent`.
+fn spawn_hog(
+    endpoint: &Endpoint,
+    from: &regent_net::ActorId,
+    to: &regent_net::PortId,
+    sent: &Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    let (endpoint, from, to, sent) = (endpoint.clone(), from.clone(), to.clone(), sent.clone());
+    tokio::spawn(async move {
+        let blob = Hog(vec![0x5a; 4096]);
+        while endpoint
+            .send(&from, &to, Generation(0), blob.clone())
+            .await
+            .is_ok()
+        {
+            sent.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+}
+
+/// Waits until everything sent to `server` is acknowledged.
+async fn drain(endpoint: &Endpoint, server: &ProcId) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while endpoint.unacknowledged(server) > 0 {
+        anyhow::ensure!(start.elapsed() < DEADLINE, "the hog's pair did not drain");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     Ok(())
 }
 
