@@ -46,7 +46,7 @@ pub(crate) struct Inner {
     pub(crate) quic: quinn::Endpoint,
     pub(crate) client_config: quinn::ClientConfig,
     local_addr: SocketAddr,
-    advertised: SocketAddr,
+    pub(crate) advertised: SocketAddr,
     routes: Mutex<HashMap<ProcId, SocketAddr>>,
     ports: Mutex<HashMap<PortId, PortEntry>>,
     pub(crate) sessions: Mutex<HashMap<ProcId, Arc<Session>>>,

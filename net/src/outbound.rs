@@ -361,7 +361,7 @@ async fn dial(inner: &Inner, peer: &ProcId, addr: SocketAddr) -> Result<Handshak
             proc: inner.proc.clone(),
             incarnation: inner.incarnation,
             peer: peer.clone(),
-            listen: Some(inner_advertised(inner)),
+            listen: Some(inner.advertised),
         });
         let frame = wire::encode_frame(&hello, inner.config.max_frame_bytes)
             .map_err(|e| LinkFailure::Protocol(e.to_string()))?;
@@ -399,16 +399,6 @@ async fn dial(inner: &Inner, peer: &ProcId, addr: SocketAddr) -> Result<Handshak
         link::close(&conn, code::REFUSED, "handshake failed");
     }
     result
-}
-
-fn inner_advertised(inner: &Inner) -> SocketAddr {
-    // `Endpoint::addr` is the public form; tasks only hold `Inner`.
-    inner.config.advertised_addr.unwrap_or_else(|| {
-        inner
-            .quic
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
-    })
 }
 
 async fn drive_session(inner: Arc<Inner>, session: Arc<Session>, first_addr: SocketAddr) {
