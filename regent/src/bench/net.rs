@@ -16,7 +16,9 @@
 //!   blocked), against the unloaded round trip: the head-of-line ratio.
 //!
 //! - `rtt_busy_p50`: the round trip while another actor streams 4 KiB
-//!   messages to a receiver that keeps up (bandwidth shared, no blocking).
+//!   messages to a receiver that keeps up (bandwidth and CPU shared, no
+//!   blocking), against the TCP echo while another TCP connection between
+//!   the same processes carries 4 KiB writes as fast as it can.
 //!
 //! Each figure is measured in blocks alternating with its baseline (the
 //! head-of-line rounds measure the unloaded round trip just before loading),
@@ -188,6 +190,7 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
     }
     let mut unloaded_rtt = Vec::new();
     let mut busy_rtt = Vec::new();
+    let mut tcp_busy_rtt = Vec::new();
     let hol_block = rtt_n / ROUNDS / 2;
     for _ in 0..ROUNDS {
         tcp_rates.push(tcp_one_way(tcp_addr, one_way_n / ROUNDS).await?);
@@ -221,6 +224,11 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
         quic_round_trips(&endpoint, &mut replies, &echo, hol_block, &mut busy_rtt).await?;
         hog.abort();
         drain(&endpoint, &server).await?;
+        // Its baseline: the TCP echo while another TCP connection between
+        // the same processes carries bulk data.
+        let bulk = tcp_bulk(tcp_addr).await?;
+        tcp_round_trips(&mut tcp, hol_block, &mut tcp_busy_rtt).await?;
+        bulk.abort();
     }
     for v in [
         &mut tcp_rtt,
@@ -228,6 +236,7 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
         &mut hol_rtt,
         &mut unloaded_rtt,
         &mut busy_rtt,
+        &mut tcp_busy_rtt,
     ] {
         v.sort_unstable();
     }
@@ -290,8 +299,8 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
             "us",
         )
         .against(
-            "rtt_unloaded_p50",
-            micros(percentile(&unloaded_rtt, 50.0)),
+            "tcp_echo_busy_p50",
+            micros(percentile(&tcp_busy_rtt, 50.0)),
             "us",
         ),
     );
@@ -368,6 +377,17 @@ async fn tcp_round_trips(
         samples.push(start.elapsed());
     }
     Ok(())
+}
+
+/// Starts writing 4 KiB chunks as fast as possible to a TCP sink of the
+/// peer, until aborted.
+async fn tcp_bulk(addr: std::net::SocketAddr) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(b"B").await?;
+    Ok(tokio::spawn(async move {
+        let chunk = vec![0x5a; 4096];
+        while stream.write_all(&chunk).await.is_ok() {}
+    }))
 }
 
 async fn tcp_one_way(addr: std::net::SocketAddr, n: usize) -> anyhow::Result<f64> {
@@ -539,6 +559,11 @@ async fn serve_tcp(mut stream: TcpStream) -> std::io::Result<()> {
             stream.read_exact(&mut buf).await?;
             stream.write_all(&buf).await?;
         },
+        b'B' => {
+            let mut big = vec![0u8; 64 << 10];
+            while stream.read(&mut big).await? > 0 {}
+            Ok(())
+        }
         b'S' => {
             let mut n = [0u8; 8];
             stream.read_exact(&mut n).await?;
