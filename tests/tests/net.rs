@@ -446,6 +446,17 @@ async fn a_killed_peer_is_detected_and_its_restart_gets_a_fresh_session() {
 
     hub.send(&record, 0, 0..100, false).await;
     old.expect_got(0, 100).await;
+    // The peer also sends to the hub, so the hub holds receive state for
+    // the old incarnation.
+    old.command(&format!("send {} 7 0 50 0", hub.inbox.port()));
+    old.expect("SENT", |l| l == "SENT 7 50").await;
+    for n in 0..50 {
+        let d = timeout(DEADLINE, hub.inbox.recv())
+            .await
+            .expect("message in time")
+            .expect("inbox open");
+        assert_eq!(d.seq.0, n + 1);
+    }
     hub.send(&record, 0, 100..300, false).await;
     old.signal(Signal::SIGKILL);
     let killed = Instant::now();
@@ -537,6 +548,21 @@ async fn a_killed_peer_is_detected_and_its_restart_gets_a_fresh_session() {
         );
     }
     assert!((400..500).all(|n| new_ns.contains(&n)));
+
+    // The restarted peer's own sends start a fresh session at the hub:
+    // sequence 1 again (and the same pair epoch as its first life), not
+    // taken for duplicates of the old incarnation's.
+    new.command(&format!("send {} 7 50 50 0", hub.inbox.port()));
+    new.expect("SENT", |l| l == "SENT 7 50").await;
+    for n in 0..50u64 {
+        let d = timeout(DEADLINE, hub.inbox.recv())
+            .await
+            .expect("message from the new incarnation in time")
+            .expect("inbox open");
+        assert_eq!(d.seq.0, n + 1);
+        let p = d.decode::<Probe>().expect("a Probe");
+        assert_eq!((p.stream, p.n), (7, 50 + n));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
