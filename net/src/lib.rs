@@ -20,7 +20,7 @@
 //!   on that pair's own QUIC stream of a connection reused for the peer.
 //!   [`Inbox`] receives, [`TransportEvent`]s report links and failures.
 //!
-//! # Guarantees (see `SEMANTICS.md` for the contract)
+//! # Guarantees (see `docs/semantics.md` §2 for the contract)
 //!
 //! - FIFO per (sender actor, receiver actor); a blocked receiver delays only
 //!   the pairs that send to it.

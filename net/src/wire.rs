@@ -83,7 +83,7 @@ pub struct Envelope {
     pub receiver: PortId,
     /// Position on the (sender actor, receiver actor) pair, from 1.
     pub seq: Seq,
-    /// The sender's mesh generation (fencing, see `SEMANTICS.md`).
+    /// The sender's mesh generation (fencing, see `docs/semantics.md` §2).
     pub generation: Generation,
     /// The payload's message type.
     pub type_tag: TypeTag,
