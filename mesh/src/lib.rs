@@ -1,5 +1,23 @@
 //! Meshes: shapes and selections, procs and allocators, actor meshes with cast
 //! trees and reducers, and mesh-granular supervision.
 //!
-//! This crate is being built (see `ARCHITECTURE.md`); today it holds no API.
+//! Built so far: the pure geometry of meshes, with no I/O.
+//!
+//! - [`shape`]: a [`Shape`] of named dimensions (`{hosts=4, gpus=8}`) over a
+//!   strided [`Slice`] of a flat rank space; points, ranks, and slicing into
+//!   cheap views that copy no member.
+//! - [`selection`]: the [`Selection`] algebra (`*`, `none`, `first`, `any`,
+//!   ranges with steps, constraints on named dimensions, `|`, `&`) with a text
+//!   syntax that parses and prints (`hosts=0..2,gpus=*`), evaluated to ranks,
+//!   also within a sub-view as a cast tree needs.
+//!
+//! The rest (procs, allocators, actor meshes) is being built (see
+//! `ARCHITECTURE.md`). The semantics of shapes and selections are in
+//! `mesh/SHAPES.md`.
 #![forbid(unsafe_code)]
+
+pub mod selection;
+pub mod shape;
+
+pub use selection::{ParseError, Selected, Selection, SelectionError};
+pub use shape::{DimName, DimRange, Point, Rank, Shape, ShapeError, Slice};
