@@ -16,8 +16,25 @@
 //! `mesh/SHAPES.md`.
 #![forbid(unsafe_code)]
 
+pub mod actor;
+pub mod alloc;
+pub mod inproc;
+mod node;
+pub mod proc;
+pub mod protocol;
+pub mod registry;
+pub mod runtime;
 pub mod selection;
 pub mod shape;
+pub mod tree;
 
+#[doc(hidden)]
+pub use inventory;
+
+pub use actor::{ActorError, Member, MemberError, MeshActor};
+pub use registry::{Max, Min, Reducer, Sum};
+pub use runtime::{
+    ActorMesh, MembersFailed, MeshError, ProcMesh, Reduced, Runtime, RuntimeConfig, ValueMesh,
+};
 pub use selection::{ParseError, Selected, Selection, SelectionError};
 pub use shape::{DimName, DimRange, Point, Rank, Shape, ShapeError, Slice};

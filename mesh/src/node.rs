@@ -1,0 +1,343 @@
+//! One node of a cast tree: forward a cast to the heads of its subtree's
+//! chunks, deliver it to the selected local members, then gather what comes
+//! back — replies, reductions or failures — until all have answered or the
+//! node's budget runs out, and report one [`Contribution`] to the parent.
+//!
+//! Dispatch (forwarding and local delivery) runs to completion before the
+//! next cast is taken, so casts from one sender keep their order at every
+//! member; collection runs in its own task.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use ractor::ActorRef;
+use regent_net::PortId;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::actor::{EncodedReply, MemberError, MemberMsg};
+use crate::protocol::{
+    CastFrame, Collect, Contribution, MeshInfo, ProcCommand, ReplyBody, ReplyTo,
+};
+use crate::registry;
+use crate::selection::Selected;
+use crate::shape::Rank;
+use crate::tree;
+
+/// The share of its budget a node gives its children, so that they answer
+/// before it gives up on them.
+const CHILD_BUDGET_SHARE: f64 = 0.8;
+
+/// How a node reaches other procs.
+pub(crate) trait Fabric: Send + Sync {
+    /// Sends a command to the proc of rank `proc` in `info`.
+    fn command(
+        &self,
+        info: &MeshInfo,
+        proc: u32,
+        cmd: ProcCommand,
+    ) -> BoxFuture<'_, Result<(), String>>;
+    /// The port where this node receives its children's results.
+    fn reply_port(&self) -> PortId;
+}
+
+/// Calls this node waits on, by number: each child of each cast has one.
+#[derive(Default)]
+pub(crate) struct Pending {
+    next: AtomicU64,
+    calls: Mutex<HashMap<u64, Waiter>>,
+}
+
+enum Waiter {
+    Child(mpsc::UnboundedSender<(usize, Contribution)>, usize),
+    Request(oneshot::Sender<ReplyBody>),
+}
+
+impl Pending {
+    fn register(&self, waiter: Waiter) -> u64 {
+        let call = self.next.fetch_add(1, Ordering::Relaxed);
+        self.calls
+            .lock()
+            .expect("pending calls lock")
+            .insert(call, waiter);
+        call
+    }
+
+    /// Registers a request (spawn, stop) and returns its number and answer.
+    pub(crate) fn request(&self) -> (u64, oneshot::Receiver<ReplyBody>) {
+        let (tx, rx) = oneshot::channel();
+        (self.register(Waiter::Request(tx)), rx)
+    }
+
+    /// Forgets a call (its waiter gave up).
+    pub(crate) fn forget(&self, call: u64) {
+        self.calls.lock().expect("pending calls lock").remove(&call);
+    }
+
+    /// Routes an answer to whoever waits for it; unknown or late answers are
+    /// dropped.
+    pub(crate) fn resolve(&self, call: u64, body: ReplyBody) {
+        let waiter = self.calls.lock().expect("pending calls lock").remove(&call);
+        match (waiter, body) {
+            (Some(Waiter::Child(tx, index)), ReplyBody::Cast(c)) => {
+                let _ = tx.send((index, c));
+            }
+            (Some(Waiter::Request(tx)), body) => {
+                let _ = tx.send(body);
+            }
+            (Some(_), _) => tracing::warn!(call, "answer of the wrong kind dropped"),
+            (None, _) => tracing::debug!(call, "late or unknown answer dropped"),
+        }
+    }
+}
+
+/// The members of a mesh in this proc, by local index (`None` once gone).
+pub(crate) type LocalMembers = Vec<Option<ActorRef<MemberMsg>>>;
+
+/// A dispatched cast, waiting for its results.
+pub(crate) struct Dispatched {
+    collect: Collect,
+    deadline: tokio::time::Instant,
+    /// Selected ranks of each child's chunk, for reporting a silent child.
+    children: Vec<Option<Vec<u32>>>,
+    child_calls: Vec<u64>,
+    results: mpsc::UnboundedReceiver<(usize, Contribution)>,
+    local: FuturesUnordered<BoxFuture<'static, (u32, EncodedReply)>>,
+    /// Local members whose reply is awaited.
+    local_waiting: HashSet<u32>,
+    acc: Contribution,
+}
+
+fn member_ranks(info: &MeshInfo, procs: Range<u32>) -> Range<u32> {
+    procs.start * info.per_proc..procs.end * info.per_proc
+}
+
+fn selected_in(selected: &Selected, ranks: Range<u32>) -> Vec<u32> {
+    ranks.filter(|&r| selected.contains(Rank(r))).collect()
+}
+
+fn any_selected(selected: &Selected, ranks: Range<u32>) -> bool {
+    ranks.into_iter().any(|r| selected.contains(Rank(r)))
+}
+
+/// Forwards `frame` down the tree and delivers it to `local` (the members of
+/// proc `frame.procs.0`; `None` at the root, which holds no member).
+pub(crate) async fn dispatch(
+    fabric: &dyn Fabric,
+    pending: &Pending,
+    info: &MeshInfo,
+    frame: &CastFrame,
+    local: Option<&LocalMembers>,
+) -> Dispatched {
+    let budget = Duration::from_millis(u64::from(frame.budget_ms));
+    let deadline = tokio::time::Instant::now() + budget;
+    let (tx, results) = mpsc::unbounded_channel();
+    let mut d = Dispatched {
+        collect: frame.collect.clone(),
+        deadline,
+        children: Vec::new(),
+        child_calls: Vec::new(),
+        results,
+        local: FuturesUnordered::new(),
+        local_waiting: HashSet::new(),
+        acc: Contribution::default(),
+    };
+    let selected = match frame.selection.bind(&frame.view, frame.seed) {
+        Ok(s) => s,
+        Err(e) => {
+            // The sender checks selections before casting; one that fails
+            // here selects nothing.
+            tracing::warn!(error = %e, "cast with a selection that does not bind; nothing selected");
+            return d;
+        }
+    };
+    let (lo, hi) = frame.procs;
+    let chunks: Vec<Range<u32>> = match local {
+        Some(_) => tree::children(lo..hi, info.fanout).collect(),
+        None => tree::root_children(info.proc_count(), info.fanout).collect(),
+    };
+    let child_budget = (f64::from(frame.budget_ms) * CHILD_BUDGET_SHARE) as u32;
+    for chunk in chunks {
+        if !any_selected(&selected, member_ranks(info, chunk.clone())) {
+            continue;
+        }
+        let index = d.children.len();
+        let call = pending.register(Waiter::Child(tx.clone(), index));
+        let mut child = frame.clone();
+        child.procs = (chunk.start, chunk.end);
+        child.budget_ms = child_budget;
+        child.reply = Some(ReplyTo {
+            port: fabric.reply_port(),
+            call,
+        });
+        match fabric
+            .command(info, chunk.start, ProcCommand::Cast(child))
+            .await
+        {
+            Ok(()) => {
+                d.children
+                    .push(Some(selected_in(&selected, member_ranks(info, chunk))));
+                d.child_calls.push(call);
+            }
+            Err(e) => {
+                pending.forget(call);
+                d.children.push(None);
+                d.child_calls.push(call);
+                for r in selected_in(&selected, member_ranks(info, chunk)) {
+                    d.acc
+                        .failed
+                        .push((r, MemberError::NotRunning(format!("proc unreachable: {e}"))));
+                }
+            }
+        }
+    }
+    if let Some(members) = local {
+        let first = lo * info.per_proc;
+        for (i, member) in members.iter().enumerate() {
+            let rank = first + i as u32;
+            if !selected.contains(Rank(rank)) {
+                continue;
+            }
+            deliver(&mut d, rank, member.as_ref(), frame);
+        }
+    }
+    d
+}
+
+fn deliver(d: &mut Dispatched, rank: u32, member: Option<&ActorRef<MemberMsg>>, frame: &CastFrame) {
+    let Some(member) = member else {
+        d.acc
+            .failed
+            .push((rank, MemberError::NotRunning("member has exited".into())));
+        return;
+    };
+    let wants_reply = frame.collect != Collect::Ack;
+    let (reply, rx) = if wants_reply {
+        let (tx, rx) = oneshot::channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let msg = MemberMsg {
+        payload: frame.payload.clone(),
+        reply,
+    };
+    match member.send_message(msg) {
+        Ok(()) => match rx {
+            None => d.acc.ok += 1,
+            Some(rx) => {
+                d.local_waiting.insert(rank);
+                d.local.push(Box::pin(async move {
+                    let r = rx.await.unwrap_or_else(|_| {
+                        Err(MemberError::NotRunning(
+                            "member failed before it replied".into(),
+                        ))
+                    });
+                    (rank, r)
+                }));
+            }
+        },
+        Err(e) => d.acc.failed.push((
+            rank,
+            MemberError::NotRunning(format!("member mailbox closed: {e}")),
+        )),
+    }
+}
+
+/// Merges one reply or subtree result into the accumulator.
+fn merge(collect: &Collect, acc: &mut Contribution, mut part: Contribution) {
+    acc.failed.append(&mut part.failed);
+    acc.ok += part.ok;
+    match collect {
+        Collect::Ack => {}
+        Collect::Gather => acc.values.append(&mut part.values),
+        Collect::Reduce(name) => {
+            let Some(value) = part.reduced else { return };
+            acc.reduced = Some(match acc.reduced.take() {
+                None => value,
+                Some(prev) => match registry::reducer(name) {
+                    Some(r) => match r.reduce(&prev, &value) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            tracing::error!(reducer = %name, error = %e, "reducer failed; keeping one side");
+                            prev
+                        }
+                    },
+                    None => {
+                        tracing::error!(reducer = %name, "no such reducer in this proc");
+                        prev
+                    }
+                },
+            });
+        }
+    }
+}
+
+fn local_part(collect: &Collect, rank: u32, reply: EncodedReply) -> Contribution {
+    let mut part = Contribution::default();
+    match reply {
+        Err(e) => part.failed.push((rank, e)),
+        Ok(value) => {
+            part.ok = 1;
+            match collect {
+                Collect::Ack => {}
+                Collect::Gather => part.values.push((rank, value)),
+                Collect::Reduce(_) => part.reduced = Some(value),
+            }
+        }
+    }
+    part
+}
+
+/// Waits for the local replies and the children's results until all are in
+/// or the deadline passes; what is missing then is reported as timed out.
+pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contribution {
+    let mut waiting: Vec<bool> = d.children.iter().map(Option::is_some).collect();
+    let mut open_children = waiting.iter().filter(|w| **w).count();
+    let deadline = tokio::time::sleep_until(d.deadline);
+    tokio::pin!(deadline);
+    while open_children > 0 || !d.local.is_empty() {
+        tokio::select! {
+            Some((rank, reply)) = d.local.next(), if !d.local.is_empty() => {
+                d.local_waiting.remove(&rank);
+                let part = local_part(&d.collect, rank, reply);
+                merge(&d.collect, &mut d.acc, part);
+            }
+            Some((index, part)) = d.results.recv(), if open_children > 0 => {
+                if std::mem::replace(&mut waiting[index], false) {
+                    open_children -= 1;
+                    merge(&d.collect, &mut d.acc, part);
+                }
+            }
+            () = &mut deadline => break,
+        }
+    }
+    // Whatever has not answered by now is reported, not waited for.
+    for (index, still) in waiting.iter().enumerate() {
+        if *still {
+            pending.forget(d.child_calls[index]);
+            if let Some(ranks) = &d.children[index] {
+                d.acc
+                    .failed
+                    .extend(ranks.iter().map(|&r| (r, MemberError::Timeout)));
+            }
+        }
+    }
+    if !d.local_waiting.is_empty() {
+        tracing::warn!(
+            late = d.local_waiting.len(),
+            "members did not reply within the budget"
+        );
+    }
+    let mut acc = d.acc;
+    acc.failed
+        .extend(d.local_waiting.iter().map(|&r| (r, MemberError::Timeout)));
+    acc.failed.sort_by_key(|(r, _)| *r);
+    acc.values.sort_by_key(|(r, _)| *r);
+    acc
+}

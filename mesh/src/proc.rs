@@ -1,0 +1,393 @@
+//! The proc runtime: what runs in every proc process after boot. It hosts
+//! the members of meshes under an OTP supervisor, forwards and delivers
+//! casts as a node of each cast tree, and follows its owner's commands; it
+//! stops itself when its owner's lease lapses.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use ractor::ActorRef;
+use regent_net::{ActorId, Endpoint, PortId, ProcId};
+use regent_supervisor::{
+    ChildPolicy, ChildSpec, Restart, Shutdown, StartError, Strategy, SupervisorFlags,
+    SupervisorRef, SupervisorSpec,
+};
+
+use crate::actor::{Member, MemberError, MemberStart};
+use crate::node::{self, Fabric, LocalMembers, Pending};
+use crate::protocol::{
+    CastFrame, Contribution, MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody, names,
+};
+use crate::registry;
+use crate::shape::Rank;
+
+/// How long a member may take to stop before it is killed.
+const MEMBER_SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// Why the proc runtime ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcExit {
+    /// The owner told it to exit.
+    Requested,
+    /// The owner was not heard from within its lease.
+    LeaseLapsed,
+    /// The endpoint closed.
+    EndpointClosed,
+}
+
+/// Why the proc runtime could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    /// A port could not be opened.
+    #[error(transparent)]
+    Net(#[from] regent_net::Error),
+    /// The proc's own names are invalid (a bug).
+    #[error(transparent)]
+    Id(#[from] regent_net::IdError),
+    /// The members' supervisor did not start.
+    #[error(transparent)]
+    Supervisor(#[from] regent_supervisor::SupervisorError),
+    /// Reporting ready failed.
+    #[error("could not report ready: {0}")]
+    Ready(String),
+}
+
+/// The control plane as a cast-tree node of a proc (or controller) uses it.
+pub(crate) struct NetFabric {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) me: ActorId,
+    /// Cast-tree commands this node has sent (its share of the fan-out).
+    pub(crate) commands_sent: std::sync::atomic::AtomicU64,
+}
+
+impl NetFabric {
+    pub(crate) fn new(endpoint: Endpoint, me: ActorId) -> Self {
+        Self {
+            endpoint,
+            me,
+            commands_sent: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+pub(crate) fn proc_port(proc: &ProcId, port: u32) -> PortId {
+    ActorId {
+        proc: proc.clone(),
+        name: regent_net::ActorName::new(names::PROC).expect("a valid constant name"),
+        index: 0,
+    }
+    .port(port)
+}
+
+impl Fabric for NetFabric {
+    fn command(
+        &self,
+        info: &MeshInfo,
+        proc: u32,
+        cmd: ProcCommand,
+    ) -> BoxFuture<'_, Result<(), String>> {
+        let target = info.procs.get(proc as usize).map(|a| a.proc.clone());
+        self.commands_sent
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let generation = info.generation;
+        async move {
+            let proc = target.ok_or_else(|| format!("no proc {proc} in the mesh"))?;
+            self.endpoint
+                .send(
+                    &self.me,
+                    &proc_port(&proc, names::COMMAND_PORT),
+                    generation,
+                    cmd,
+                )
+                .await
+                .map_err(|e| e.failure.to_string())
+        }
+        .boxed()
+    }
+
+    fn reply_port(&self) -> PortId {
+        self.me.port(names::REPLY_PORT)
+    }
+}
+
+struct HostedMesh {
+    info: Arc<MeshInfo>,
+    proc_rank: u32,
+    members: LocalMembers,
+}
+
+struct ProcRuntime {
+    fabric: Arc<NetFabric>,
+    pending: Arc<Pending>,
+    members: SupervisorRef,
+    meshes: HashMap<MeshId, HostedMesh>,
+}
+
+fn child_id(mesh: MeshId, rank: u32) -> String {
+    format!("m{}-r{rank}", mesh.0)
+}
+
+impl ProcRuntime {
+    async fn spawn(&mut self, info: MeshInfo, proc_rank: u32, args: Bytes) -> Result<(), String> {
+        info.validate()?;
+        if proc_rank >= info.proc_count() {
+            return Err(format!("proc rank {proc_rank} outside the mesh"));
+        }
+        if self.meshes.contains_key(&info.id) {
+            return Err(format!("mesh {} already has members here", info.name));
+        }
+        let actor_type = registry::actor_type(&info.actor_type).ok_or_else(|| {
+            format!(
+                "no actor type {:?} is registered in this proc (registered: {:?})",
+                info.actor_type,
+                registry::actor_types()
+            )
+        })?;
+        for addr in &info.procs {
+            self.fabric.endpoint.add_route(addr.clone());
+        }
+        let proc = self.fabric.endpoint.proc().clone();
+        let mut members: LocalMembers = Vec::with_capacity(info.per_proc as usize);
+        for i in 0..info.per_proc {
+            let rank = proc_rank * info.per_proc + i;
+            let point = info
+                .shape
+                .point_of(Rank(rank))
+                .ok_or_else(|| format!("rank {rank} outside the shape"))?;
+            let start = MemberStart {
+                member: Member {
+                    mesh: info.name.clone(),
+                    rank: Rank(rank),
+                    point,
+                    generation: info.generation,
+                    proc: proc.clone(),
+                },
+                args: args.clone(),
+            };
+            // The start function runs once: members are temporary children,
+            // restarted (if at all) by the mesh's owner, not by this proc.
+            let start = std::sync::Mutex::new(Some(start));
+            let spec = ChildSpec::new(
+                ChildPolicy::worker(child_id(info.id, rank))
+                    .restart(Restart::Temporary)
+                    .shutdown(Shutdown::Timeout(MEMBER_SHUTDOWN)),
+                move |ctx| {
+                    let start = start.lock().expect("start lock").take();
+                    async move {
+                        let start = start.ok_or_else(|| {
+                            StartError::Failed("a member starts only once".into())
+                        })?;
+                        actor_type
+                            .spawn(start, ctx.supervisor())
+                            .await
+                            .map(|a| a.get_cell())
+                            .map_err(StartError::Failed)
+                    }
+                    .boxed()
+                },
+            );
+            match self.members.start_child(spec).await {
+                Ok(cell) => members.push(Some(ActorRef::from(cell))),
+                Err(e) => {
+                    self.stop_members(info.id, members.len() as u32, proc_rank, &info)
+                        .await;
+                    return Err(e.to_string());
+                }
+            }
+        }
+        self.meshes.insert(
+            info.id,
+            HostedMesh {
+                info: Arc::new(info),
+                proc_rank,
+                members,
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops the first `count` members of a mesh here, last rank first.
+    async fn stop_members(&self, mesh: MeshId, count: u32, proc_rank: u32, info: &MeshInfo) {
+        for i in (0..count).rev() {
+            let rank = proc_rank * info.per_proc + i;
+            let _ = self
+                .members
+                .terminate_child(child_id(mesh, rank).as_str())
+                .await;
+        }
+    }
+
+    async fn stop(&mut self, mesh: MeshId) {
+        if let Some(m) = self.meshes.remove(&mesh) {
+            self.stop_members(mesh, m.info.per_proc, m.proc_rank, &m.info)
+                .await;
+        }
+    }
+
+    async fn cast(&self, frame: CastFrame) {
+        let hosted = match self.meshes.get(&frame.mesh) {
+            Some(h) if h.info.generation == frame.generation => h,
+            Some(_) => return self.fail_subtree(frame, "cast for another generation of the mesh"),
+            None => return self.fail_subtree(frame, "proc does not host the mesh"),
+        };
+        let d = node::dispatch(
+            self.fabric.as_ref(),
+            &self.pending,
+            &hosted.info,
+            &frame,
+            Some(&hosted.members),
+        )
+        .await;
+        if let Some(reply) = frame.reply {
+            let pending = self.pending.clone();
+            let fabric = self.fabric.clone();
+            tokio::spawn(async move {
+                let contribution = node::collect(&pending, d).await;
+                send_reply(&fabric, &reply.port, reply.call, contribution).await;
+            });
+        }
+    }
+
+    /// Answers for a whole subtree that this proc cannot serve: every
+    /// selected member in it failed. Nothing is forwarded.
+    fn fail_subtree(&self, frame: CastFrame, why: &str) {
+        tracing::warn!(mesh = frame.mesh.0, why, "cast not served");
+        let Some(reply) = frame.reply else { return };
+        let ranks = frame.procs.0.saturating_mul(frame.per_proc)
+            ..frame.procs.1.saturating_mul(frame.per_proc);
+        let failed = match frame.selection.bind(&frame.view, frame.seed) {
+            Ok(selected) => ranks
+                .filter(|&r| selected.contains(Rank(r)))
+                .map(|r| (r, MemberError::NotRunning(why.to_owned())))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        self.send_reply(
+            &reply.port,
+            reply.call,
+            Contribution {
+                failed,
+                ..Contribution::default()
+            },
+        );
+    }
+
+    fn send_reply(&self, port: &PortId, call: u64, contribution: Contribution) {
+        let fabric = self.fabric.clone();
+        let port = port.clone();
+        tokio::spawn(async move { send_reply(&fabric, &port, call, contribution).await });
+    }
+}
+
+async fn send_reply(fabric: &NetFabric, port: &PortId, call: u64, contribution: Contribution) {
+    answer(fabric, port, call, ReplyBody::Cast(contribution)).await;
+}
+
+async fn answer(fabric: &NetFabric, port: &PortId, call: u64, body: ReplyBody) {
+    let reply = ProcReply { call, body };
+    if let Err(e) = fabric
+        .endpoint
+        .send(&fabric.me, port, regent_net::Generation(0), reply)
+        .await
+    {
+        tracing::warn!(to = %port, error = %e.failure, "could not send a reply");
+    }
+}
+
+/// Serves this proc until its owner tells it to exit, its owner's lease
+/// lapses, or its endpoint closes. `ready` runs once the proc's ports are
+/// open (it tells the host agent the proc is ready).
+pub async fn serve<R>(
+    endpoint: Endpoint,
+    owner_lease: Duration,
+    ready: R,
+) -> Result<ProcExit, ProcError>
+where
+    R: Future<Output = Result<(), String>>,
+{
+    let me = ActorId {
+        proc: endpoint.proc().clone(),
+        name: regent_net::ActorName::new(names::PROC)?,
+        index: 0,
+    };
+    let mut commands = endpoint.open_port(me.port(names::COMMAND_PORT))?;
+    let mut replies = endpoint.open_port(me.port(names::REPLY_PORT))?;
+    let members = SupervisorSpec::new(
+        format!("{}-members", endpoint.proc()),
+        SupervisorFlags::new(Strategy::OneForOne).intensity(u32::MAX, Duration::from_secs(1)),
+    );
+    let (members, _) = SupervisorRef::start(members).await?;
+    let fabric = Arc::new(NetFabric::new(endpoint, me));
+    let pending = Arc::new(Pending::default());
+    let dispatcher = {
+        let pending = pending.clone();
+        tokio::spawn(async move {
+            while let Some(delivery) = replies.recv().await {
+                match delivery.decode::<ProcReply>() {
+                    Ok(r) => pending.resolve(r.call, r.body),
+                    Err(e) => tracing::warn!(error = %e, "undecodable reply dropped"),
+                }
+            }
+        })
+    };
+    let mut rt = ProcRuntime {
+        fabric: fabric.clone(),
+        pending,
+        members,
+        meshes: HashMap::new(),
+    };
+    ready.await.map_err(ProcError::Ready)?;
+    tracing::info!(proc = %fabric.endpoint.proc(), "proc ready");
+    let mut lease = tokio::time::Instant::now() + owner_lease;
+    let exit = loop {
+        let delivery = tokio::select! {
+            d = commands.recv() => d,
+            () = tokio::time::sleep_until(lease) => break ProcExit::LeaseLapsed,
+        };
+        let Some(delivery) = delivery else {
+            break ProcExit::EndpointClosed;
+        };
+        let cmd = match delivery.decode::<ProcCommand>() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "undecodable command dropped");
+                continue;
+            }
+        };
+        // Any command from the owner shows it is alive.
+        lease = tokio::time::Instant::now() + owner_lease;
+        match cmd {
+            ProcCommand::Spawn {
+                call,
+                reply_to,
+                info,
+                proc_rank,
+                args,
+            } => {
+                let r = rt.spawn(info, proc_rank, args).await;
+                answer(&fabric, &reply_to, call, ReplyBody::Spawned(r)).await;
+            }
+            ProcCommand::Stop {
+                call,
+                reply_to,
+                mesh,
+            } => {
+                rt.stop(mesh).await;
+                answer(&fabric, &reply_to, call, ReplyBody::Stopped).await;
+            }
+            ProcCommand::Cast(frame) => rt.cast(frame).await,
+            ProcCommand::Renew => {}
+            ProcCommand::Exit => break ProcExit::Requested,
+        }
+    };
+    tracing::info!(proc = %fabric.endpoint.proc(), ?exit, "proc stops");
+    rt.members.stop().await;
+    dispatcher.abort();
+    fabric.endpoint.close();
+    Ok(exit)
+}

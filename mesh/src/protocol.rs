@@ -1,0 +1,208 @@
+//! The messages between a controller and the proc runtimes, and between the
+//! procs of a cast tree. All travel on the control plane (`regent-net`),
+//! which authenticates senders and bounds frame sizes; every field decoded
+//! here is checked before use.
+
+use std::num::NonZeroU32;
+
+use bytes::Bytes;
+use regent_net::{ActorId, Generation, Message, PortId, ProcAddr};
+use serde::{Deserialize, Serialize};
+
+use crate::actor::MemberError;
+use crate::selection::Selection;
+use crate::shape::Shape;
+
+/// A mesh's identity: unique among the meshes of one controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MeshId(pub u64);
+
+/// Everything a proc needs to know about a mesh it hosts members of.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MeshInfo {
+    /// The mesh.
+    pub id: MeshId,
+    /// Its name (the actor name of its members).
+    pub name: String,
+    /// The registered actor type of its members.
+    pub actor_type: String,
+    /// Its shape: the proc mesh's dimensions and one more for the members of
+    /// each proc, row-major over ranks `0..len`.
+    pub shape: Shape,
+    /// Members per proc: proc `p` hosts ranks `p * per_proc .. (p + 1) *
+    /// per_proc`.
+    pub per_proc: u32,
+    /// The procs, by proc rank.
+    pub procs: Vec<ProcAddr>,
+    /// The cast tree's fan-out.
+    pub fanout: NonZeroU32,
+    /// Where member failures are reported.
+    pub owner: PortId,
+    /// The current generation.
+    pub generation: Generation,
+}
+
+impl MeshInfo {
+    /// Checks the invariants a proc relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        let procs = u32::try_from(self.procs.len()).map_err(|_| "too many procs".to_owned())?;
+        let expected = u64::from(procs) * u64::from(self.per_proc);
+        if self.per_proc == 0 {
+            return Err("a mesh needs at least one member per proc".into());
+        }
+        if self.shape.len() as u64 != expected {
+            return Err(format!(
+                "shape {} has {} members, expected {} procs x {} per proc",
+                self.shape,
+                self.shape.len(),
+                procs,
+                self.per_proc
+            ));
+        }
+        Ok(())
+    }
+
+    /// The number of procs.
+    pub fn proc_count(&self) -> u32 {
+        // validate() bounds it to u32.
+        self.procs.len() as u32
+    }
+}
+
+/// How the results of a cast come back up the tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Collect {
+    /// Only which members could not be reached (a cast).
+    Ack,
+    /// Every reply, with its rank (a call).
+    Gather,
+    /// Replies combined by the named reducer, inside the tree.
+    Reduce(String),
+}
+
+/// Where a node sends its subtree's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplyTo {
+    /// The port of the parent node (a proc's reply port, or the caller's).
+    pub port: PortId,
+    /// The parent's number for this call.
+    pub call: u64,
+}
+
+/// A cast on its way down the tree.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CastFrame {
+    /// The mesh.
+    pub mesh: MeshId,
+    /// The generation the sender addresses; members of another generation do
+    /// not receive it.
+    pub generation: Generation,
+    /// The actor that cast it.
+    pub origin: ActorId,
+    /// The view cast to (the whole mesh's shape, or a slice of it).
+    pub view: Shape,
+    /// Which members of the view.
+    pub selection: Selection,
+    /// Decides the members `any` picks, the same at every node.
+    pub seed: u64,
+    /// The procs this node's subtree covers; the node is the first.
+    pub procs: (u32, u32),
+    /// Members per proc (so that a node that does not host the mesh can
+    /// still name the ranks it could not reach).
+    pub per_proc: u32,
+    /// The encoded message.
+    pub payload: Bytes,
+    /// How results come back; `None` for fire-and-forget.
+    pub reply: Option<ReplyTo>,
+    /// How to combine results.
+    pub collect: Collect,
+    /// How long this node may take before it reports what it has.
+    pub budget_ms: u32,
+}
+
+/// The result of a subtree.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Contribution {
+    /// Gathered replies by rank (for [`Collect::Gather`]).
+    pub values: Vec<(u32, Bytes)>,
+    /// The combined reply (for [`Collect::Reduce`]), if any member replied.
+    pub reduced: Option<Bytes>,
+    /// Members that did not reply, and why.
+    pub failed: Vec<(u32, MemberError)>,
+    /// How many members delivered or replied.
+    pub ok: u32,
+}
+
+/// A command from a controller (or a parent node) to a proc's control port.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ProcCommand {
+    /// Spawn this proc's members of a mesh.
+    Spawn {
+        /// The caller's number for this request.
+        call: u64,
+        /// Where to answer.
+        reply_to: PortId,
+        /// The mesh.
+        info: MeshInfo,
+        /// This proc's rank in the mesh.
+        proc_rank: u32,
+        /// The encoded arguments of every member.
+        args: Bytes,
+    },
+    /// Stop this proc's members of a mesh, in reverse rank order.
+    Stop {
+        /// The caller's number for this request.
+        call: u64,
+        /// Where to answer.
+        reply_to: PortId,
+        /// The mesh.
+        mesh: MeshId,
+    },
+    /// A cast to deliver here and forward down the tree.
+    Cast(CastFrame),
+    /// The owner is alive: renew its lease.
+    Renew,
+    /// Stop the proc itself (exit code 0).
+    Exit,
+}
+
+impl Message for ProcCommand {
+    const TYPE_NAME: &'static str = "regent/mesh/ProcCommand";
+}
+
+/// An answer to a [`ProcCommand`], or a subtree's result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcReply {
+    /// The number of the request or call it answers.
+    pub call: u64,
+    /// The answer.
+    pub body: ReplyBody,
+}
+
+/// The body of a [`ProcReply`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ReplyBody {
+    /// The members were spawned, or why not.
+    Spawned(Result<(), String>),
+    /// The members were stopped.
+    Stopped,
+    /// A subtree's result.
+    Cast(Contribution),
+}
+
+impl Message for ProcReply {
+    const TYPE_NAME: &'static str = "regent/mesh/ProcReply";
+}
+
+/// Names of the well-known actors of a proc.
+pub mod names {
+    /// The proc runtime's actor: port 0 takes [`super::ProcCommand`]s, port 1
+    /// takes [`super::ProcReply`]s from child nodes.
+    pub const PROC: &str = "regent-proc";
+    /// The controller's actor: port 1 takes [`super::ProcReply`]s.
+    pub const CONTROLLER: &str = "regent-controller";
+    /// Port of commands.
+    pub const COMMAND_PORT: u32 = 0;
+    /// Port of replies.
+    pub const REPLY_PORT: u32 = 1;
+}

@@ -1,0 +1,237 @@
+//! The mesh runtime over in-process procs: real proc runtimes, real QUIC with
+//! mutual TLS, one process. Casts, calls, reductions, FIFO through the cast
+//! tree, the controller's fan-out, failures reported by rank.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use regent_mesh::inproc::InProcAllocator;
+use regent_mesh::{
+    ActorError, ActorMesh, Max, Member, MemberError, MeshActor, MeshError, ProcMesh, Rank, Runtime,
+    RuntimeConfig, Selection, Shape, Sum,
+};
+use serde::{Deserialize, Serialize};
+
+/// A counter that remembers its rank and every value it was told, in order.
+struct Counter {
+    total: u64,
+    seen: Vec<u64>,
+    rank: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Op {
+    Add(u64),
+    Total,
+    Rank,
+    /// The values added so far folded into one number that depends on their
+    /// order.
+    OrderHash,
+    Fail,
+    Sleep(u64),
+}
+
+impl MeshActor for Counter {
+    const NAME: &'static str = "test/counter";
+    type Args = u64;
+    type Msg = Op;
+    type Reply = u64;
+
+    async fn new(member: &Member, start: u64) -> Result<Self, ActorError> {
+        Ok(Self {
+            total: start,
+            seen: Vec::new(),
+            rank: member.rank().0,
+        })
+    }
+
+    async fn handle(&mut self, _: &Member, op: Op) -> Result<u64, ActorError> {
+        Ok(match op {
+            Op::Add(n) => {
+                self.total += n;
+                self.seen.push(n);
+                self.total
+            }
+            Op::Total => self.total,
+            Op::Rank => u64::from(self.rank),
+            Op::OrderHash => order_hash(&self.seen),
+            Op::Fail => return Err("told to fail".into()),
+            Op::Sleep(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                0
+            }
+        })
+    }
+}
+
+fn order_hash(values: &[u64]) -> u64 {
+    values
+        .iter()
+        .fold(17u64, |h, v| h.wrapping_mul(31).wrapping_add(*v))
+}
+
+regent_mesh::register_actor!(Counter);
+
+async fn setup(
+    procs: usize,
+    per_proc: u32,
+    config: RuntimeConfig,
+) -> (Runtime, ProcMesh, ActorMesh<Counter>) {
+    let rt = Runtime::start(config).await.unwrap();
+    let pm = rt
+        .spawn_procs(
+            Arc::new(InProcAllocator::default()),
+            Shape::new([("procs", procs)]).unwrap(),
+        )
+        .await
+        .unwrap();
+    let mesh = pm.spawn::<Counter>("counter", per_proc, &10).await.unwrap();
+    (rt, pm, mesh)
+}
+
+fn sel(text: &str) -> Selection {
+    text.parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cast_call_and_reduce_over_a_mesh() {
+    let (rt, _pm, mesh) = setup(4, 4, RuntimeConfig::default()).await;
+    assert_eq!(mesh.shape().to_string(), "{procs=4, actors=4}");
+    mesh.cast(&Selection::All, &Op::Add(1)).await.unwrap();
+    let vm = mesh.call(&sel("procs=0..2"), &Op::Total).await.unwrap();
+    assert!(vm.failed().is_empty());
+    assert_eq!(
+        vm.values().iter().map(|(r, _)| r.0).collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
+    assert!(vm.values().iter().all(|(_, v)| *v == 11));
+    let ranks = mesh.call(&Selection::All, &Op::Rank).await.unwrap();
+    assert_eq!(ranks.len(), 16);
+    for (r, v) in ranks.values() {
+        assert_eq!(u64::from(r.0), *v, "each member answers for its own rank");
+    }
+    let sum = mesh
+        .reduce::<Sum<u64>>(&Selection::All, &Op::Total)
+        .await
+        .unwrap();
+    assert_eq!(sum.value, Some(16 * 11));
+    assert_eq!(sum.contributors, 16);
+    let max = mesh
+        .reduce::<Max<u64>>(&Selection::All, &Op::Rank)
+        .await
+        .unwrap();
+    assert_eq!(max.value, Some(15));
+    assert_eq!(mesh.call_one(Rank(5), &Op::Rank).await.unwrap(), 5);
+    // A slice touches nothing and addresses only its members.
+    let second = mesh.at("procs", 1).unwrap();
+    assert_eq!(second.shape().len(), 4);
+    let vm = second.call(&Selection::All, &Op::Rank).await.unwrap();
+    assert_eq!(
+        vm.values().iter().map(|(_, v)| *v).collect::<Vec<_>>(),
+        vec![4, 5, 6, 7]
+    );
+    assert!(rt.frames_sent() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_sends_at_most_fanout_messages_per_cast() {
+    let fanout = NonZeroU32::new(4).unwrap();
+    let (rt, _pm, mesh) = setup(20, 2, RuntimeConfig::default().fanout(fanout)).await;
+    for _ in 0..5 {
+        let before = rt.frames_sent();
+        mesh.cast(&Selection::All, &Op::Add(1)).await.unwrap();
+        let sent = rt.frames_sent() - before;
+        assert!(sent <= 4, "the controller sent {sent} frames for one cast");
+        assert!(sent > 0);
+    }
+    let all = mesh.call(&Selection::All, &Op::Total).await.unwrap();
+    assert_eq!(all.len(), 40, "every member got every cast exactly once");
+    assert!(all.values().iter().all(|(_, v)| *v == 15));
+    // A cast to one member sends one frame down one path.
+    let before = rt.frames_sent();
+    mesh.cast(&sel("procs=19,actors=1"), &Op::Add(100))
+        .await
+        .unwrap();
+    assert_eq!(rt.frames_sent() - before, 1);
+    assert_eq!(mesh.call_one(Rank(39), &Op::Total).await.unwrap(), 115);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn casts_from_one_sender_arrive_in_order_through_the_tree() {
+    let fanout = NonZeroU32::new(2).unwrap();
+    let (_rt, _pm, mesh) = setup(9, 2, RuntimeConfig::default().fanout(fanout)).await;
+    let selections = [Selection::All, sel("procs=4..9"), sel("procs=8")];
+    let mut expected = vec![Vec::new(); 18];
+    for i in 0..60u64 {
+        let s = &selections[(i % 3) as usize];
+        for r in s.eval(mesh.shape(), 0).unwrap() {
+            expected[r.index()].push(i);
+        }
+        mesh.cast(s, &Op::Add(i)).await.unwrap();
+    }
+    let hashes = mesh.call(&Selection::All, &Op::OrderHash).await.unwrap();
+    assert_eq!(hashes.len(), 18);
+    for (r, h) in hashes.values() {
+        assert_eq!(
+            *h,
+            order_hash(&expected[r.index()]),
+            "rank {} saw its casts out of order",
+            r.0
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_reported_by_rank_and_nothing_hangs() {
+    let config = RuntimeConfig::default().call_timeout(Duration::from_millis(1500));
+    let (_rt, _pm, mesh) = setup(3, 2, config).await;
+    // A handler error fails that member; the caller gets the error.
+    let vm = mesh
+        .call(&sel("procs=1,actors=0"), &Op::Fail)
+        .await
+        .unwrap();
+    assert!(
+        matches!(vm.failed(), [(Rank(2), MemberError::Failed(m))] if m.contains("told to fail")),
+        "{:?}",
+        vm.failed()
+    );
+    // The failed member no longer answers: its rank is reported, the others
+    // answer.
+    let vm = mesh.call(&Selection::All, &Op::Rank).await.unwrap();
+    assert_eq!(vm.len(), 5);
+    assert_eq!(vm.failed().len(), 1);
+    assert_eq!(vm.failed()[0].0, Rank(2));
+    match mesh.cast(&Selection::All, &Op::Add(1)).await.unwrap_err() {
+        MeshError::Members(m) => assert_eq!(
+            m.failed.iter().map(|(r, _)| r.0).collect::<Vec<_>>(),
+            vec![2]
+        ),
+        other => panic!("expected member failures, got {other}"),
+    }
+    // A member slower than the deadline is reported as timed out, in time.
+    let t = std::time::Instant::now();
+    let vm = mesh
+        .call_within(
+            &sel("procs=0,actors=1"),
+            &Op::Sleep(5_000),
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        matches!(vm.failed(), [(Rank(1), MemberError::Timeout)]),
+        "{:?}",
+        vm.failed()
+    );
+    // A selection that does not fit is refused before anything is sent.
+    assert!(matches!(
+        mesh.cast(&sel("gpus=0"), &Op::Add(1)).await,
+        Err(MeshError::Selection(_))
+    ));
+}
