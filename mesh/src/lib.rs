@@ -26,6 +26,7 @@ pub mod registry;
 pub mod runtime;
 pub mod selection;
 pub mod shape;
+pub mod sim;
 pub mod tree;
 
 #[doc(hidden)]

@@ -17,12 +17,12 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use ractor::ActorRef;
-use regent_net::PortId;
+use regent_net::{PortId, ProcId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::actor::{EncodedReply, MemberError, MemberMsg};
 use crate::protocol::{
-    CastFrame, Collect, Contribution, MeshInfo, ProcCommand, ReplyBody, ReplyTo,
+    CastFrame, Collect, Contribution, MeshInfo, ProcCommand, ProcReply, ReplyBody, ReplyTo,
 };
 use crate::registry;
 use crate::selection::Selected;
@@ -33,7 +33,8 @@ use crate::tree;
 /// before it gives up on them.
 const CHILD_BUDGET_SHARE: f64 = 0.8;
 
-/// How a node reaches other procs.
+/// How a node reaches other procs: the control plane, or memory in a
+/// simulation.
 pub(crate) trait Fabric: Send + Sync {
     /// Sends a command to the proc of rank `proc` in `info`.
     fn command(
@@ -42,8 +43,16 @@ pub(crate) trait Fabric: Send + Sync {
         proc: u32,
         cmd: ProcCommand,
     ) -> BoxFuture<'_, Result<(), String>>;
+    /// Sends an answer or a subtree's result to `port`.
+    fn reply(&self, port: PortId, reply: ProcReply) -> BoxFuture<'_, ()>;
     /// The port where this node receives its children's results.
     fn reply_port(&self) -> PortId;
+    /// This node's proc.
+    fn proc(&self) -> &ProcId;
+    /// Learns where a mesh's procs are.
+    fn learn(&self, info: &MeshInfo) {
+        let _ = info;
+    }
 }
 
 /// Calls this node waits on, by number: each child of each cast has one.

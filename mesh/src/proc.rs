@@ -113,6 +113,29 @@ impl Fabric for NetFabric {
     fn reply_port(&self) -> PortId {
         self.me.port(names::REPLY_PORT)
     }
+
+    fn reply(&self, port: PortId, reply: ProcReply) -> BoxFuture<'_, ()> {
+        async move {
+            if let Err(e) = self
+                .endpoint
+                .send(&self.me, &port, regent_net::Generation(0), reply)
+                .await
+            {
+                tracing::warn!(to = %port, error = %e.failure, "could not send a reply");
+            }
+        }
+        .boxed()
+    }
+
+    fn proc(&self) -> &ProcId {
+        self.endpoint.proc()
+    }
+
+    fn learn(&self, info: &MeshInfo) {
+        for addr in &info.procs {
+            self.endpoint.add_route(addr.clone());
+        }
+    }
 }
 
 struct HostedMesh {
@@ -121,8 +144,10 @@ struct HostedMesh {
     members: LocalMembers,
 }
 
-struct ProcRuntime {
-    fabric: Arc<NetFabric>,
+/// The proc runtime's state and command handling, independent of how
+/// commands arrive (the control plane, or memory in a simulation).
+pub(crate) struct ProcRuntime {
+    fabric: Arc<dyn Fabric>,
     pending: Arc<Pending>,
     members: SupervisorRef,
     meshes: HashMap<MeshId, HostedMesh>,
@@ -148,10 +173,8 @@ impl ProcRuntime {
                 registry::actor_types()
             )
         })?;
-        for addr in &info.procs {
-            self.fabric.endpoint.add_route(addr.clone());
-        }
-        let proc = self.fabric.endpoint.proc().clone();
+        self.fabric.learn(&info);
+        let proc = self.fabric.proc().clone();
         let mut members: LocalMembers = Vec::with_capacity(info.per_proc as usize);
         for i in 0..info.per_proc {
             let rank = proc_rank * info.per_proc + i;
@@ -248,7 +271,11 @@ impl ProcRuntime {
             let fabric = self.fabric.clone();
             tokio::spawn(async move {
                 let contribution = node::collect(&pending, d).await;
-                send_reply(&fabric, &reply.port, reply.call, contribution).await;
+                let reply_msg = ProcReply {
+                    call: reply.call,
+                    body: ReplyBody::Cast(contribution),
+                };
+                fabric.reply(reply.port, reply_msg).await;
             });
         }
     }
@@ -280,22 +307,66 @@ impl ProcRuntime {
     fn send_reply(&self, port: &PortId, call: u64, contribution: Contribution) {
         let fabric = self.fabric.clone();
         let port = port.clone();
-        tokio::spawn(async move { send_reply(&fabric, &port, call, contribution).await });
+        tokio::spawn(async move {
+            let reply = ProcReply {
+                call,
+                body: ReplyBody::Cast(contribution),
+            };
+            fabric.reply(port, reply).await;
+        });
     }
-}
 
-async fn send_reply(fabric: &NetFabric, port: &PortId, call: u64, contribution: Contribution) {
-    answer(fabric, port, call, ReplyBody::Cast(contribution)).await;
-}
+    /// Starts a proc runtime whose members run under a fresh supervisor.
+    pub(crate) async fn start(
+        fabric: Arc<dyn Fabric>,
+        pending: Arc<Pending>,
+    ) -> Result<Self, ProcError> {
+        let members = SupervisorSpec::new(
+            format!("{}-members", fabric.proc()),
+            SupervisorFlags::new(Strategy::OneForOne).intensity(u32::MAX, Duration::from_secs(1)),
+        );
+        let (members, _) = SupervisorRef::start(members).await?;
+        Ok(Self {
+            fabric,
+            pending,
+            members,
+            meshes: HashMap::new(),
+        })
+    }
 
-async fn answer(fabric: &NetFabric, port: &PortId, call: u64, body: ReplyBody) {
-    let reply = ProcReply { call, body };
-    if let Err(e) = fabric
-        .endpoint
-        .send(&fabric.me, port, regent_net::Generation(0), reply)
-        .await
-    {
-        tracing::warn!(to = %port, error = %e.failure, "could not send a reply");
+    /// Handles one command; returns `Some` when the proc must exit.
+    pub(crate) async fn handle(&mut self, cmd: ProcCommand) -> Option<ProcExit> {
+        match cmd {
+            ProcCommand::Spawn {
+                call,
+                reply_to,
+                info,
+                proc_rank,
+                args,
+            } => {
+                let r = self.spawn(info, proc_rank, args).await;
+                let body = ReplyBody::Spawned(r);
+                self.fabric.reply(reply_to, ProcReply { call, body }).await;
+            }
+            ProcCommand::Stop {
+                call,
+                reply_to,
+                mesh,
+            } => {
+                self.stop(mesh).await;
+                let body = ReplyBody::Stopped;
+                self.fabric.reply(reply_to, ProcReply { call, body }).await;
+            }
+            ProcCommand::Cast(frame) => self.cast(frame).await,
+            ProcCommand::Renew => {}
+            ProcCommand::Exit => return Some(ProcExit::Requested),
+        }
+        None
+    }
+
+    /// Stops every member.
+    pub(crate) async fn shutdown(self) {
+        self.members.stop().await;
     }
 }
 
@@ -317,11 +388,6 @@ where
     };
     let mut commands = endpoint.open_port(me.port(names::COMMAND_PORT))?;
     let mut replies = endpoint.open_port(me.port(names::REPLY_PORT))?;
-    let members = SupervisorSpec::new(
-        format!("{}-members", endpoint.proc()),
-        SupervisorFlags::new(Strategy::OneForOne).intensity(u32::MAX, Duration::from_secs(1)),
-    );
-    let (members, _) = SupervisorRef::start(members).await?;
     let fabric = Arc::new(NetFabric::new(endpoint, me));
     let pending = Arc::new(Pending::default());
     let dispatcher = {
@@ -335,12 +401,7 @@ where
             }
         })
     };
-    let mut rt = ProcRuntime {
-        fabric: fabric.clone(),
-        pending,
-        members,
-        meshes: HashMap::new(),
-    };
+    let mut rt = ProcRuntime::start(fabric.clone(), pending).await?;
     ready.await.map_err(ProcError::Ready)?;
     tracing::info!(proc = %fabric.endpoint.proc(), "proc ready");
     let mut lease = tokio::time::Instant::now() + owner_lease;
@@ -361,32 +422,12 @@ where
         };
         // Any command from the owner shows it is alive.
         lease = tokio::time::Instant::now() + owner_lease;
-        match cmd {
-            ProcCommand::Spawn {
-                call,
-                reply_to,
-                info,
-                proc_rank,
-                args,
-            } => {
-                let r = rt.spawn(info, proc_rank, args).await;
-                answer(&fabric, &reply_to, call, ReplyBody::Spawned(r)).await;
-            }
-            ProcCommand::Stop {
-                call,
-                reply_to,
-                mesh,
-            } => {
-                rt.stop(mesh).await;
-                answer(&fabric, &reply_to, call, ReplyBody::Stopped).await;
-            }
-            ProcCommand::Cast(frame) => rt.cast(frame).await,
-            ProcCommand::Renew => {}
-            ProcCommand::Exit => break ProcExit::Requested,
+        if let Some(exit) = rt.handle(cmd).await {
+            break exit;
         }
     };
     tracing::info!(proc = %fabric.endpoint.proc(), ?exit, "proc stops");
-    rt.members.stop().await;
+    rt.shutdown().await;
     dispatcher.abort();
     fabric.endpoint.close();
     Ok(exit)
