@@ -38,6 +38,7 @@ pub mod machine;
 mod reason;
 mod spec;
 mod supervisor;
+mod window;
 
 pub use child::{
     ChildSpec, ChildTemplate, Guarded, Panic, StartContext, StartFuture, spawn_guarded,
@@ -53,3 +54,4 @@ pub use supervisor::{
     Answer, Child, Observation, Observed, SHUTDOWN_REASON, Supervisor, SupervisorError,
     SupervisorMsg, SupervisorRef, SupervisorSpec, SupervisorState, UserRequest, exit_of,
 };
+pub use window::RestartWindow;

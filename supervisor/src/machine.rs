@@ -25,6 +25,7 @@ use crate::spec::{
     AutoShutdown, ChildCounts, ChildId, ChildKey, ChildKind, ChildPolicy, Incarnation, InstanceId,
     MAX_CHILDREN, Restart, Shutdown, Strategy, SupervisorFlags,
 };
+use crate::window::RestartWindow;
 
 /// Names a timer the machine asked for with [`Action::SetTimer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -326,9 +327,8 @@ pub struct Machine {
     next_incarnation: u64,
     next_timer: u64,
     timers: HashMap<TimerId, (ChildKey, TimerPurpose)>,
-    /// Times of the restarts within the intensity period, oldest first; never
-    /// longer than `max_restarts + 1`.
-    restarts: VecDeque<Instant>,
+    /// Restarts within the intensity period.
+    restarts: RestartWindow,
     steps: VecDeque<Step>,
     awaiting: Awaiting,
     deferred: VecDeque<Event>,
@@ -378,7 +378,7 @@ impl Machine {
             next_incarnation: 0,
             next_timer: 0,
             timers: HashMap::new(),
-            restarts: VecDeque::new(),
+            restarts: RestartWindow::new(flags.intensity),
             steps: VecDeque::new(),
             awaiting: Awaiting::Nothing,
             deferred: VecDeque::new(),
@@ -723,17 +723,7 @@ impl Machine {
 
     /// OTP's `restart/2`: count the restart, then apply the strategy.
     fn restart(&mut self, now: Instant, key: ChildKey, out: &mut Vec<Action>) {
-        let period = self.flags.intensity.period;
-        while let Some(&oldest) = self.restarts.front() {
-            if now.saturating_duration_since(oldest) > period {
-                self.restarts.pop_front();
-            } else {
-                break;
-            }
-        }
-        self.restarts.push_back(now);
-        let limit = self.flags.intensity.max_restarts as usize;
-        if self.restarts.len() > limit {
+        if !self.restarts.record(now) {
             self.del_child(&key);
             self.terminate_all();
             self.steps
