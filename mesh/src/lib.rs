@@ -20,6 +20,7 @@ pub mod actor;
 pub mod alloc;
 pub mod inproc;
 mod node;
+pub mod policy;
 pub mod proc;
 pub mod protocol;
 pub mod registry;
@@ -33,9 +34,11 @@ pub mod tree;
 pub use inventory;
 
 pub use actor::{ActorError, Member, MemberError, MeshActor};
+pub use policy::{Decision, FailureCause, MeshFailure, MeshPolicy};
 pub use registry::{Max, Min, Reducer, Sum};
 pub use runtime::{
-    ActorMesh, MembersFailed, MeshError, ProcMesh, Reduced, Runtime, RuntimeConfig, ValueMesh,
+    ActorMesh, FailureHook, MembersFailed, MeshError, MeshStatus, ProcMesh, Reduced, Runtime,
+    RuntimeConfig, SpawnOptions, ValueMesh,
 };
 pub use selection::{ParseError, Selected, Selection, SelectionError};
 pub use shape::{DimName, DimRange, Point, Rank, Shape, ShapeError, Slice};

@@ -22,7 +22,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::actor::{EncodedReply, MemberError, MemberMsg};
 use crate::protocol::{
-    CastFrame, Collect, Contribution, MeshInfo, ProcCommand, ProcReply, ReplyBody, ReplyTo,
+    CastFrame, Collect, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand, ProcReply,
+    ReplyBody, ReplyTo,
 };
 use crate::registry;
 use crate::selection::Selected;
@@ -53,6 +54,11 @@ pub(crate) trait Fabric: Send + Sync {
     fn learn(&self, info: &MeshInfo) {
         let _ = info;
     }
+    /// Reports a member's exit to its mesh's owner.
+    fn notify(&self, port: PortId, report: MemberExited) -> BoxFuture<'_, ()> {
+        let _ = (port, report);
+        Box::pin(async {})
+    }
 }
 
 /// Calls this node waits on, by number: each child of each cast has one.
@@ -63,7 +69,12 @@ pub(crate) struct Pending {
 }
 
 enum Waiter {
-    Child(mpsc::UnboundedSender<(usize, Contribution)>, usize),
+    Child {
+        results: mpsc::UnboundedSender<(usize, ChildResult)>,
+        index: usize,
+        /// The subtree's head: its mesh and proc rank.
+        head: (MeshId, u32),
+    },
     Request(oneshot::Sender<ReplyBody>),
 }
 
@@ -88,13 +99,29 @@ impl Pending {
         self.calls.lock().expect("pending calls lock").remove(&call);
     }
 
+    /// Gives up at once on every subtree headed by proc `proc` of `mesh`
+    /// (its proc is known to be gone), instead of waiting for deadlines.
+    pub(crate) fn lose_proc(&self, mesh: MeshId, proc: u32, why: &str) {
+        let mut calls = self.calls.lock().expect("pending calls lock");
+        let lost: Vec<u64> = calls
+            .iter()
+            .filter(|(_, w)| matches!(w, Waiter::Child { head, .. } if *head == (mesh, proc)))
+            .map(|(c, _)| *c)
+            .collect();
+        for call in lost {
+            if let Some(Waiter::Child { results, index, .. }) = calls.remove(&call) {
+                let _ = results.send((index, ChildResult::Lost(why.to_owned())));
+            }
+        }
+    }
+
     /// Routes an answer to whoever waits for it; unknown or late answers are
     /// dropped.
     pub(crate) fn resolve(&self, call: u64, body: ReplyBody) {
         let waiter = self.calls.lock().expect("pending calls lock").remove(&call);
         match (waiter, body) {
-            (Some(Waiter::Child(tx, index)), ReplyBody::Cast(c)) => {
-                let _ = tx.send((index, c));
+            (Some(Waiter::Child { results, index, .. }), ReplyBody::Cast(c)) => {
+                let _ = results.send((index, ChildResult::Done(c)));
             }
             (Some(Waiter::Request(tx)), body) => {
                 let _ = tx.send(body);
@@ -103,6 +130,14 @@ impl Pending {
             (None, _) => tracing::debug!(call, "late or unknown answer dropped"),
         }
     }
+}
+
+/// What a subtree's head sent back, or that it is gone.
+pub(crate) enum ChildResult {
+    /// The subtree's result.
+    Done(Contribution),
+    /// The head's proc is gone; nothing will come.
+    Lost(String),
 }
 
 /// The members of a mesh in this proc, by local index (`None` once gone).
@@ -115,7 +150,7 @@ pub(crate) struct Dispatched {
     /// Selected ranks of each child's chunk, for reporting a silent child.
     children: Vec<Option<Vec<u32>>>,
     child_calls: Vec<u64>,
-    results: mpsc::UnboundedReceiver<(usize, Contribution)>,
+    results: mpsc::UnboundedReceiver<(usize, ChildResult)>,
     local: FuturesUnordered<BoxFuture<'static, (u32, EncodedReply)>>,
     /// Local members whose reply is awaited.
     local_waiting: HashSet<u32>,
@@ -176,7 +211,11 @@ pub(crate) async fn dispatch(
             continue;
         }
         let index = d.children.len();
-        let call = pending.register(Waiter::Child(tx.clone(), index));
+        let call = pending.register(Waiter::Child {
+            results: tx.clone(),
+            index,
+            head: (frame.mesh, chunk.start),
+        });
         let mut child = frame.clone();
         child.procs = (chunk.start, chunk.end);
         child.budget_ms = child_budget;
@@ -317,10 +356,19 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
                 let part = local_part(&d.collect, rank, reply);
                 merge(&d.collect, &mut d.acc, part);
             }
-            Some((index, part)) = d.results.recv(), if open_children > 0 => {
+            Some((index, result)) = d.results.recv(), if open_children > 0 => {
                 if std::mem::replace(&mut waiting[index], false) {
                     open_children -= 1;
-                    merge(&d.collect, &mut d.acc, part);
+                    match result {
+                        ChildResult::Done(part) => merge(&d.collect, &mut d.acc, part),
+                        ChildResult::Lost(why) => {
+                            if let Some(ranks) = &d.children[index] {
+                                d.acc.failed.extend(ranks.iter().map(|&r| {
+                                    (r, MemberError::NotRunning(format!("proc lost: {why}")))
+                                }));
+                            }
+                        }
+                    }
                 }
             }
             () = &mut deadline => break,

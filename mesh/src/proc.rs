@@ -14,14 +14,16 @@ use futures::future::BoxFuture;
 use ractor::ActorRef;
 use regent_net::{ActorId, Endpoint, PortId, ProcId};
 use regent_supervisor::{
-    ChildPolicy, ChildSpec, Restart, Shutdown, StartError, Strategy, SupervisorFlags,
-    SupervisorRef, SupervisorSpec,
+    ChildPolicy, ChildSpec, ExitReason, Observation, Observed, Restart, Shutdown, StartError,
+    Strategy, SupervisorFlags, SupervisorRef, SupervisorSpec,
 };
 
-use crate::actor::{Member, MemberError, MemberStart};
+use crate::actor::{Member, MemberError, MemberMsg, MemberStart};
 use crate::node::{self, Fabric, LocalMembers, Pending};
+use crate::policy::FailureCause;
 use crate::protocol::{
-    CastFrame, Contribution, MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody, names,
+    CastFrame, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody,
+    names,
 };
 use crate::registry;
 use crate::shape::Rank;
@@ -136,12 +138,39 @@ impl Fabric for NetFabric {
             self.endpoint.add_route(addr.clone());
         }
     }
+
+    fn notify(&self, port: PortId, report: MemberExited) -> BoxFuture<'_, ()> {
+        async move {
+            if let Err(e) = self
+                .endpoint
+                .send(&self.me, &port, report.generation, report)
+                .await
+            {
+                tracing::warn!(to = %port, error = %e.failure, "could not report a member exit");
+            }
+        }
+        .boxed()
+    }
 }
 
 struct HostedMesh {
     info: Arc<MeshInfo>,
     proc_rank: u32,
+    /// By local index: the member's actor (`None` once it exited), and its
+    /// child id in the members' supervisor.
     members: LocalMembers,
+    child_ids: Vec<String>,
+}
+
+/// Who to tell when a member exits on its own: by child id.
+type Lives = Arc<std::sync::Mutex<HashMap<String, Life>>>;
+
+#[derive(Clone)]
+struct Life {
+    mesh: MeshId,
+    rank: u32,
+    generation: regent_net::Generation,
+    owner: PortId,
 }
 
 /// The proc runtime's state and command handling, independent of how
@@ -151,13 +180,95 @@ pub(crate) struct ProcRuntime {
     pending: Arc<Pending>,
     members: SupervisorRef,
     meshes: HashMap<MeshId, HostedMesh>,
+    lives: Lives,
+    watcher: tokio::task::JoinHandle<()>,
 }
 
-fn child_id(mesh: MeshId, rank: u32) -> String {
-    format!("m{}-r{rank}", mesh.0)
+fn child_id(mesh: MeshId, rank: u32, generation: regent_net::Generation) -> String {
+    format!("m{}-r{rank}-g{}", mesh.0, generation.0)
 }
 
 impl ProcRuntime {
+    fn actor_type(info: &MeshInfo) -> Result<&'static registry::ActorType, String> {
+        registry::actor_type(&info.actor_type).ok_or_else(|| {
+            format!(
+                "no actor type {:?} is registered in this proc (registered: {:?})",
+                info.actor_type,
+                registry::actor_types()
+            )
+        })
+    }
+
+    /// Starts the member of `rank` in `info.generation` under the members'
+    /// supervisor.
+    async fn spawn_member(
+        &self,
+        info: &MeshInfo,
+        rank: u32,
+        args: &Bytes,
+    ) -> Result<(String, ActorRef<MemberMsg>), String> {
+        let actor_type = Self::actor_type(info)?;
+        let point = info
+            .shape
+            .point_of(Rank(rank))
+            .ok_or_else(|| format!("rank {rank} outside the shape"))?;
+        let start = MemberStart {
+            member: Member {
+                mesh: info.name.clone(),
+                rank: Rank(rank),
+                point,
+                generation: info.generation,
+                proc: self.fabric.proc().clone(),
+            },
+            args: args.clone(),
+        };
+        let id = child_id(info.id, rank, info.generation);
+        // Registered before the start, so that an exit right after it is
+        // reported.
+        self.lives.lock().expect("lives lock").insert(
+            id.clone(),
+            Life {
+                mesh: info.id,
+                rank,
+                generation: info.generation,
+                owner: info.owner.clone(),
+            },
+        );
+        // The start function runs once: members are temporary children,
+        // restarted (if at all) by the mesh's owner, not by this proc.
+        let start = std::sync::Mutex::new(Some(start));
+        let spec = ChildSpec::new(
+            ChildPolicy::worker(id.clone())
+                .restart(Restart::Temporary)
+                .shutdown(Shutdown::Timeout(MEMBER_SHUTDOWN)),
+            move |ctx| {
+                let start = start.lock().expect("start lock").take();
+                async move {
+                    let start = start
+                        .ok_or_else(|| StartError::Failed("a member starts only once".into()))?;
+                    actor_type
+                        .spawn(start, ctx.supervisor())
+                        .await
+                        .map(|a| a.get_cell())
+                        .map_err(StartError::Failed)
+                }
+                .boxed()
+            },
+        );
+        match self.members.start_child(spec).await {
+            Ok(cell) => Ok((id, ActorRef::from(cell))),
+            Err(e) => {
+                self.lives.lock().expect("lives lock").remove(&id);
+                Err(e.to_string())
+            }
+        }
+    }
+
+    async fn terminate_member(&self, id: &str) {
+        self.lives.lock().expect("lives lock").remove(id);
+        let _ = self.members.terminate_child(id).await;
+    }
+
     async fn spawn(&mut self, info: MeshInfo, proc_rank: u32, args: Bytes) -> Result<(), String> {
         info.validate()?;
         if proc_rank >= info.proc_count() {
@@ -166,60 +277,22 @@ impl ProcRuntime {
         if self.meshes.contains_key(&info.id) {
             return Err(format!("mesh {} already has members here", info.name));
         }
-        let actor_type = registry::actor_type(&info.actor_type).ok_or_else(|| {
-            format!(
-                "no actor type {:?} is registered in this proc (registered: {:?})",
-                info.actor_type,
-                registry::actor_types()
-            )
-        })?;
+        Self::actor_type(&info)?;
         self.fabric.learn(&info);
-        let proc = self.fabric.proc().clone();
         let mut members: LocalMembers = Vec::with_capacity(info.per_proc as usize);
+        let mut child_ids = Vec::with_capacity(info.per_proc as usize);
         for i in 0..info.per_proc {
             let rank = proc_rank * info.per_proc + i;
-            let point = info
-                .shape
-                .point_of(Rank(rank))
-                .ok_or_else(|| format!("rank {rank} outside the shape"))?;
-            let start = MemberStart {
-                member: Member {
-                    mesh: info.name.clone(),
-                    rank: Rank(rank),
-                    point,
-                    generation: info.generation,
-                    proc: proc.clone(),
-                },
-                args: args.clone(),
-            };
-            // The start function runs once: members are temporary children,
-            // restarted (if at all) by the mesh's owner, not by this proc.
-            let start = std::sync::Mutex::new(Some(start));
-            let spec = ChildSpec::new(
-                ChildPolicy::worker(child_id(info.id, rank))
-                    .restart(Restart::Temporary)
-                    .shutdown(Shutdown::Timeout(MEMBER_SHUTDOWN)),
-                move |ctx| {
-                    let start = start.lock().expect("start lock").take();
-                    async move {
-                        let start = start.ok_or_else(|| {
-                            StartError::Failed("a member starts only once".into())
-                        })?;
-                        actor_type
-                            .spawn(start, ctx.supervisor())
-                            .await
-                            .map(|a| a.get_cell())
-                            .map_err(StartError::Failed)
-                    }
-                    .boxed()
-                },
-            );
-            match self.members.start_child(spec).await {
-                Ok(cell) => members.push(Some(ActorRef::from(cell))),
+            match self.spawn_member(&info, rank, &args).await {
+                Ok((id, member)) => {
+                    members.push(Some(member));
+                    child_ids.push(id);
+                }
                 Err(e) => {
-                    self.stop_members(info.id, members.len() as u32, proc_rank, &info)
-                        .await;
-                    return Err(e.to_string());
+                    for id in child_ids.iter().rev() {
+                        self.terminate_member(id).await;
+                    }
+                    return Err(e);
                 }
             }
         }
@@ -229,26 +302,71 @@ impl ProcRuntime {
                 info: Arc::new(info),
                 proc_rank,
                 members,
+                child_ids,
             },
         );
         Ok(())
     }
 
-    /// Stops the first `count` members of a mesh here, last rank first.
-    async fn stop_members(&self, mesh: MeshId, count: u32, proc_rank: u32, info: &MeshInfo) {
-        for i in (0..count).rev() {
-            let rank = proc_rank * info.per_proc + i;
-            let _ = self
-                .members
-                .terminate_child(child_id(mesh, rank).as_str())
-                .await;
+    /// Replaces the lives of `ranks` with new ones in `info.generation`, and
+    /// enrolls the others in it.
+    async fn respawn(
+        &mut self,
+        info: MeshInfo,
+        ranks: Vec<u32>,
+        args: Bytes,
+    ) -> Result<(), String> {
+        info.validate()?;
+        let Some(mut hosted) = self.meshes.remove(&info.id) else {
+            return Err(format!("mesh {} has no members here", info.name));
+        };
+        self.fabric.learn(&info);
+        let first = hosted.proc_rank * info.per_proc;
+        let mut result = Ok(());
+        for rank in ranks {
+            let Some(i) = rank.checked_sub(first).filter(|i| *i < info.per_proc) else {
+                result = Err(format!("rank {rank} is not hosted here"));
+                break;
+            };
+            let i = i as usize;
+            self.terminate_member(&hosted.child_ids[i]).await;
+            hosted.members[i] = None;
+            match self.spawn_member(&info, rank, &args).await {
+                Ok((id, member)) => {
+                    hosted.members[i] = Some(member);
+                    hosted.child_ids[i] = id;
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
         }
+        hosted.info = Arc::new(info);
+        self.meshes.insert(hosted.info.id, hosted);
+        result
+    }
+
+    /// Enrolls this proc's members in the mesh's new generation.
+    fn update(&mut self, info: MeshInfo) -> Result<(), String> {
+        info.validate()?;
+        let hosted = self
+            .meshes
+            .get_mut(&info.id)
+            .ok_or_else(|| format!("mesh {} has no members here", info.name))?;
+        if info.generation < hosted.info.generation {
+            return Err("an update to an older generation".into());
+        }
+        self.fabric.learn(&info);
+        hosted.info = Arc::new(info);
+        Ok(())
     }
 
     async fn stop(&mut self, mesh: MeshId) {
         if let Some(m) = self.meshes.remove(&mesh) {
-            self.stop_members(mesh, m.info.per_proc, m.proc_rank, &m.info)
-                .await;
+            for id in m.child_ids.iter().rev() {
+                self.terminate_member(id).await;
+            }
         }
     }
 
@@ -321,16 +439,22 @@ impl ProcRuntime {
         fabric: Arc<dyn Fabric>,
         pending: Arc<Pending>,
     ) -> Result<Self, ProcError> {
+        let (observer, observations) = tokio::sync::broadcast::channel(OBSERVATIONS);
         let members = SupervisorSpec::new(
             format!("{}-members", fabric.proc()),
             SupervisorFlags::new(Strategy::OneForOne).intensity(u32::MAX, Duration::from_secs(1)),
-        );
+        )
+        .observer(observer);
         let (members, _) = SupervisorRef::start(members).await?;
+        let lives: Lives = Arc::default();
+        let watcher = tokio::spawn(report_exits(fabric.clone(), lives.clone(), observations));
         Ok(Self {
             fabric,
             pending,
             members,
             meshes: HashMap::new(),
+            lives,
+            watcher,
         })
     }
 
@@ -357,6 +481,28 @@ impl ProcRuntime {
                 let body = ReplyBody::Stopped;
                 self.fabric.reply(reply_to, ProcReply { call, body }).await;
             }
+            ProcCommand::Respawn {
+                call,
+                reply_to,
+                info,
+                ranks,
+                args,
+            } => {
+                let r = self.respawn(info, ranks, args).await;
+                let body = ReplyBody::Spawned(r);
+                self.fabric.reply(reply_to, ProcReply { call, body }).await;
+            }
+            ProcCommand::Update {
+                call,
+                reply_to,
+                info,
+            } => {
+                let body = match self.update(info) {
+                    Ok(()) => ReplyBody::Updated,
+                    Err(e) => ReplyBody::Spawned(Err(e)),
+                };
+                self.fabric.reply(reply_to, ProcReply { call, body }).await;
+            }
             ProcCommand::Cast(frame) => self.cast(frame).await,
             ProcCommand::Renew => {}
             ProcCommand::Exit => return Some(ProcExit::Requested),
@@ -366,7 +512,66 @@ impl ProcRuntime {
 
     /// Stops every member.
     pub(crate) async fn shutdown(self) {
+        self.lives.lock().expect("lives lock").clear();
         self.members.stop().await;
+        self.watcher.abort();
+    }
+}
+
+/// The bound on queued supervisor observations; a watcher that falls behind
+/// this far logs what it missed.
+const OBSERVATIONS: usize = 4096;
+
+/// Tells each mesh's owner when one of its members exits on its own.
+async fn report_exits(
+    fabric: Arc<dyn Fabric>,
+    lives: Lives,
+    mut observations: tokio::sync::broadcast::Receiver<Observation>,
+) {
+    loop {
+        let o = match observations.recv().await {
+            Ok(o) => o,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                tracing::error!(missed = n, "member exit reports were lost");
+                continue;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        let (key, cause) = match o.event {
+            Observed::Exited { key, reason, .. } => (key, cause_of(reason)),
+            Observed::StartFailed { key, error } => {
+                (key, FailureCause::StartFailed(error.to_string()))
+            }
+            _ => continue,
+        };
+        let Some(life) = lives.lock().expect("lives lock").remove(&key.to_string()) else {
+            continue; // stopped on purpose, or not a member
+        };
+        let report = MemberExited {
+            mesh: life.mesh,
+            rank: life.rank,
+            generation: life.generation,
+            cause,
+        };
+        fabric.notify(life.owner, report).await;
+    }
+}
+
+fn cause_of(reason: ExitReason) -> FailureCause {
+    match reason {
+        ExitReason::Failed(message) => FailureCause::Actor {
+            message,
+            panicked: false,
+        },
+        ExitReason::Panicked(message) => FailureCause::Actor {
+            message,
+            panicked: true,
+        },
+        ExitReason::Killed => FailureCause::Actor {
+            message: "killed".into(),
+            panicked: false,
+        },
+        ExitReason::Normal | ExitReason::Shutdown => FailureCause::Stopped,
     }
 }
 

@@ -158,6 +158,31 @@ pub enum ProcCommand {
         /// The mesh.
         mesh: MeshId,
     },
+    /// Respawn some of this proc's members of a mesh in the mesh's new
+    /// generation (`info.generation`), replacing their current lives.
+    Respawn {
+        /// The caller's number for this request.
+        call: u64,
+        /// Where to answer.
+        reply_to: PortId,
+        /// The mesh, in its new generation.
+        info: MeshInfo,
+        /// The ranks to respawn (all hosted here).
+        ranks: Vec<u32>,
+        /// The encoded arguments.
+        args: Bytes,
+    },
+    /// Enroll this proc's members of a mesh in a new generation (and learn
+    /// where its procs now are): casts of older generations are refused from
+    /// now on.
+    Update {
+        /// The caller's number for this request.
+        call: u64,
+        /// Where to answer.
+        reply_to: PortId,
+        /// The mesh, in its new generation.
+        info: MeshInfo,
+    },
     /// A cast to deliver here and forward down the tree.
     Cast(CastFrame),
     /// The owner is alive: renew its lease.
@@ -186,12 +211,31 @@ pub enum ReplyBody {
     Spawned(Result<(), String>),
     /// The members were stopped.
     Stopped,
+    /// The proc enrolled its members in the new generation.
+    Updated,
     /// A subtree's result.
     Cast(Contribution),
 }
 
 impl Message for ProcReply {
     const TYPE_NAME: &'static str = "regent/mesh/ProcReply";
+}
+
+/// A member exited on its own: sent by its proc to the mesh's owner.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberExited {
+    /// The mesh.
+    pub mesh: MeshId,
+    /// The member's rank.
+    pub rank: u32,
+    /// The generation of the member's life.
+    pub generation: Generation,
+    /// Why.
+    pub cause: crate::policy::FailureCause,
+}
+
+impl Message for MemberExited {
+    const TYPE_NAME: &'static str = "regent/mesh/MemberExited";
 }
 
 /// Names of the well-known actors of a proc.
@@ -205,4 +249,6 @@ pub mod names {
     pub const COMMAND_PORT: u32 = 0;
     /// Port of replies.
     pub const REPLY_PORT: u32 = 1;
+    /// The controller's port of [`super::MemberExited`] reports.
+    pub const EVENT_PORT: u32 = 2;
 }

@@ -165,7 +165,7 @@ async fn casts_from_one_sender_arrive_in_order_through_the_tree() {
     let mut expected = vec![Vec::new(); 18];
     for i in 0..60u64 {
         let s = &selections[(i % 3) as usize];
-        for r in s.eval(mesh.shape(), 0).unwrap() {
+        for r in s.eval(&mesh.shape(), 0).unwrap() {
             expected[r.index()].push(i);
         }
         mesh.cast(s, &Op::Add(i)).await.unwrap();
@@ -196,19 +196,19 @@ async fn failures_are_reported_by_rank_and_nothing_hangs() {
         "{:?}",
         vm.failed()
     );
-    // The failed member no longer answers: its rank is reported, the others
-    // answer.
+    // Its mesh's supervisor (default policy: restart the member) brings it
+    // back in a new generation; then every member answers.
+    mesh.wait_status(Duration::from_secs(10), |_| mesh.generation().0 == 1)
+        .await
+        .unwrap();
+    mesh.wait_status(Duration::from_secs(10), |s| {
+        *s == regent_mesh::MeshStatus::Running
+    })
+    .await
+    .unwrap();
     let vm = mesh.call(&Selection::All, &Op::Rank).await.unwrap();
-    assert_eq!(vm.len(), 5);
-    assert_eq!(vm.failed().len(), 1);
-    assert_eq!(vm.failed()[0].0, Rank(2));
-    match mesh.cast(&Selection::All, &Op::Add(1)).await.unwrap_err() {
-        MeshError::Members(m) => assert_eq!(
-            m.failed.iter().map(|(r, _)| r.0).collect::<Vec<_>>(),
-            vec![2]
-        ),
-        other => panic!("expected member failures, got {other}"),
-    }
+    assert_eq!(vm.len(), 6, "{:?}", vm.failed());
+    mesh.cast(&Selection::All, &Op::Add(1)).await.unwrap();
     // A member slower than the deadline is reported as timed out, in time.
     let t = std::time::Instant::now();
     let vm = mesh

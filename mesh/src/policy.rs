@@ -1,0 +1,426 @@
+//! Mesh-granular supervision decisions, as a pure state machine: `(now,
+//! event) -> actions`, no clock, no I/O.
+//!
+//! Every mesh has one owner and a [`MeshPolicy`]. A failure of any member
+//! (an actor's panic or error, its proc's exit, its host's loss, a link that
+//! went silent) arrives as one [`MeshFailure`]; the machine decides, per the
+//! policy or an owner's override, to restart the failed members, restart the
+//! whole mesh, stop it, or escalate to the owner's owner — counting restarts
+//! with the same sliding window as OTP supervisors, and escalating when the
+//! intensity is exceeded. Every restart opens a new [`Generation`]; a failure
+//! report from a member life that a restart already replaced is stale and
+//! ignored.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use regent_net::{Generation, ProcId};
+use regent_supervisor::{Backoff, Intensity, RestartWindow};
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::ProcStatus;
+use crate::shape::Rank;
+
+/// What to do when members of a mesh fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Decision {
+    /// Respawn the failed ranks (on a fresh proc if theirs died); the others
+    /// keep running.
+    RestartMember,
+    /// Stop every member and respawn the whole mesh (gang restart).
+    RestartMesh,
+    /// Stop the mesh; the owner is told.
+    Stop,
+    /// Stop the mesh and pass the failure to the owner's owner.
+    Escalate,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::RestartMember => "restart the failed members",
+            Self::RestartMesh => "restart the whole mesh",
+            Self::Stop => "stop the mesh",
+            Self::Escalate => "escalate",
+        })
+    }
+}
+
+/// A mesh's supervision policy, given at spawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshPolicy {
+    /// What to do on a failure.
+    pub on_failure: Decision,
+    /// Restarts allowed (more than `max_restarts` in `period` escalates).
+    pub intensity: Intensity,
+    /// Optional delay before restarts, growing with consecutive restarts.
+    pub backoff: Option<Backoff>,
+}
+
+impl Default for MeshPolicy {
+    /// Restart the failed members, at most 3 times in 60 s, then escalate.
+    fn default() -> Self {
+        Self {
+            on_failure: Decision::RestartMember,
+            intensity: Intensity {
+                max_restarts: 3,
+                period: Duration::from_secs(60),
+            },
+            backoff: None,
+        }
+    }
+}
+
+impl MeshPolicy {
+    /// A policy with this decision and the default intensity.
+    pub fn new(on_failure: Decision) -> Self {
+        Self {
+            on_failure,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the intensity.
+    pub fn intensity(mut self, max_restarts: u32, period: Duration) -> Self {
+        self.intensity = Intensity {
+            max_restarts,
+            period,
+        };
+        self
+    }
+
+    /// Turns backoff on.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+}
+
+/// Why members failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureCause {
+    /// The actor returned an error or panicked.
+    Actor {
+        /// The error or panic message.
+        message: String,
+        /// Whether it panicked.
+        panicked: bool,
+    },
+    /// The actor stopped on its own (members are expected to run until
+    /// stopped).
+    Stopped,
+    /// The member could not be started.
+    StartFailed(String),
+    /// The proc process ended (reported by its host agent).
+    ProcExited {
+        /// The proc.
+        proc: ProcId,
+        /// Its exit code or signal.
+        status: ProcStatus,
+    },
+    /// The host agent of the proc is gone.
+    HostLost {
+        /// The host.
+        host: String,
+        /// The proc.
+        proc: ProcId,
+    },
+    /// The proc's link went silent past the failure timeout.
+    LinkFailed {
+        /// The proc.
+        proc: ProcId,
+        /// What the control plane saw.
+        detail: String,
+    },
+    /// A mesh this mesh's member owns escalated.
+    Escalated(Box<MeshFailure>),
+}
+
+impl FailureCause {
+    /// Whether the member's proc is gone (so it must be respawned elsewhere).
+    pub fn proc_lost(&self) -> bool {
+        matches!(
+            self,
+            Self::ProcExited { .. } | Self::HostLost { .. } | Self::LinkFailed { .. }
+        )
+    }
+}
+
+impl fmt::Display for FailureCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Actor { message, panicked } => {
+                if *panicked {
+                    write!(f, "actor panicked: {message}")
+                } else {
+                    write!(f, "actor failed: {message}")
+                }
+            }
+            Self::Stopped => f.write_str("actor stopped on its own"),
+            Self::StartFailed(m) => write!(f, "member failed to start: {m}"),
+            Self::ProcExited { proc, status } => write!(f, "proc {proc} exited ({status})"),
+            Self::HostLost { host, proc } => write!(f, "host {host} of proc {proc} lost"),
+            Self::LinkFailed { proc, detail } => write!(f, "link to proc {proc} failed: {detail}"),
+            Self::Escalated(inner) => write!(f, "owned mesh {} escalated", inner.mesh),
+        }
+    }
+}
+
+/// One failure of a mesh: which ranks, why, in which generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeshFailure {
+    /// The mesh's name.
+    pub mesh: String,
+    /// The failed ranks.
+    pub ranks: Vec<Rank>,
+    /// Why.
+    pub cause: FailureCause,
+    /// The generation of the failed members' lives.
+    pub generation: Generation,
+}
+
+impl fmt::Display for MeshFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "mesh {} (generation {}), ranks {:?}: {}",
+            self.mesh,
+            self.generation.0,
+            self.ranks.iter().map(|r| r.0).collect::<Vec<_>>(),
+            self.cause
+        )?;
+        if let FailureCause::Escalated(inner) = &self.cause {
+            write!(f, "\n  caused by {inner}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the owner of a mesh must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MeshAction {
+    /// Respawn these ranks as `generation`, after `delay`; tell every other
+    /// member's proc about the new generation.
+    RestartMembers {
+        /// The ranks.
+        ranks: Vec<Rank>,
+        /// Whether their procs are gone (respawn on fresh procs).
+        fresh_procs: bool,
+        /// The new generation.
+        generation: Generation,
+        /// Backoff delay.
+        delay: Duration,
+    },
+    /// Stop every member, then respawn all as `generation` after `delay`.
+    RestartMesh {
+        /// The new generation.
+        generation: Generation,
+        /// Backoff delay.
+        delay: Duration,
+    },
+    /// Stop every member; the mesh is done.
+    Stop {
+        /// The failure that stopped it.
+        failure: MeshFailure,
+    },
+    /// Stop every member and report the failure to the owner's owner.
+    Escalate {
+        /// The failure, for the owner's owner.
+        failure: MeshFailure,
+        /// Why it escalates (the policy, or exhausted intensity).
+        exhausted: bool,
+    },
+}
+
+/// An input of the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MeshEvent {
+    /// Members failed; `decision` overrides the policy (from the owner's
+    /// hook) when given.
+    Failed {
+        /// The failure.
+        failure: MeshFailure,
+        /// The owner's override.
+        decision: Option<Decision>,
+    },
+    /// The restart of the last [`MeshAction`] completed (or could not: the
+    /// owner then reports a [`FailureCause::StartFailed`] failure of the new
+    /// generation, which counts toward the intensity like any other).
+    Restarted(Result<(), String>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    Running,
+    /// A restart is in progress; failures wait for it.
+    Restarting,
+    Done,
+}
+
+/// The supervision state of one mesh.
+#[derive(Debug, Clone)]
+pub struct MeshMachine {
+    name: String,
+    policy: MeshPolicy,
+    window: RestartWindow,
+    generation: Generation,
+    /// The generation each rank's current member was spawned in.
+    ranks: Vec<Generation>,
+    /// Consecutive restarts, for backoff.
+    streak: u32,
+    last_restart: Option<Instant>,
+    phase: Phase,
+    deferred: Vec<MeshEvent>,
+}
+
+impl MeshMachine {
+    /// A running mesh of `members` members in generation 0.
+    pub fn new(name: impl Into<String>, policy: MeshPolicy, members: usize) -> Self {
+        Self {
+            name: name.into(),
+            policy,
+            window: RestartWindow::new(policy.intensity),
+            generation: Generation(0),
+            ranks: vec![Generation(0); members],
+            streak: 0,
+            last_restart: None,
+            phase: Phase::Running,
+            deferred: Vec::new(),
+        }
+    }
+
+    /// The current generation.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// The generation rank `rank`'s current member was spawned in.
+    pub fn rank_generation(&self, rank: Rank) -> Option<Generation> {
+        self.ranks.get(rank.index()).copied()
+    }
+
+    /// Whether the mesh has stopped or escalated.
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &MeshPolicy {
+        &self.policy
+    }
+
+    /// Handles an event at `now`.
+    pub fn handle(&mut self, now: Instant, event: MeshEvent) -> Vec<MeshAction> {
+        let mut out = Vec::new();
+        match (&self.phase, event) {
+            (Phase::Done, _) => {}
+            (Phase::Restarting, MeshEvent::Restarted(result)) => {
+                self.phase = Phase::Running;
+                if let Err(e) = result {
+                    // The owner reports the failed start as a failure of the
+                    // new generation (so its hook sees it); the deferred
+                    // failures come after it.
+                    tracing::warn!(mesh = %self.name, error = %e, "restart failed");
+                }
+                let deferred = std::mem::take(&mut self.deferred);
+                for e in deferred {
+                    match (&self.phase, e) {
+                        (Phase::Running, MeshEvent::Failed { failure, decision }) => {
+                            self.on_failure(now, failure, decision, &mut out)
+                        }
+                        (Phase::Restarting, e) => self.deferred.push(e),
+                        _ => {}
+                    }
+                }
+            }
+            (Phase::Restarting, e @ MeshEvent::Failed { .. }) => self.deferred.push(e),
+            (Phase::Running, MeshEvent::Failed { failure, decision }) => {
+                self.on_failure(now, failure, decision, &mut out)
+            }
+            (Phase::Running, MeshEvent::Restarted(_)) => {
+                tracing::warn!(mesh = %self.name, "restart report without a restart");
+            }
+        }
+        out
+    }
+
+    fn on_failure(
+        &mut self,
+        now: Instant,
+        mut failure: MeshFailure,
+        decision: Option<Decision>,
+        out: &mut Vec<MeshAction>,
+    ) {
+        // A rank counts unless it was respawned after the failed life began
+        // (a report about a life that a restart already replaced is stale).
+        failure.ranks.retain(|r| {
+            self.ranks
+                .get(r.index())
+                .is_some_and(|g| *g <= failure.generation)
+        });
+        if failure.ranks.is_empty() {
+            return; // stale: those lives were already replaced
+        }
+        let decision = decision.unwrap_or(self.policy.on_failure);
+        match decision {
+            Decision::Stop => {
+                self.phase = Phase::Done;
+                out.push(MeshAction::Stop { failure });
+            }
+            Decision::Escalate => {
+                self.phase = Phase::Done;
+                out.push(MeshAction::Escalate {
+                    failure,
+                    exhausted: false,
+                });
+            }
+            Decision::RestartMember | Decision::RestartMesh => {
+                if !self.window.record(now) {
+                    self.phase = Phase::Done;
+                    out.push(MeshAction::Escalate {
+                        failure,
+                        exhausted: true,
+                    });
+                    return;
+                }
+                let delay = self.backoff_delay(now);
+                self.generation = Generation(self.generation.0 + 1);
+                self.phase = Phase::Restarting;
+                if decision == Decision::RestartMesh {
+                    self.ranks.iter_mut().for_each(|g| *g = self.generation);
+                    out.push(MeshAction::RestartMesh {
+                        generation: self.generation,
+                        delay,
+                    });
+                } else {
+                    for r in &failure.ranks {
+                        self.ranks[r.index()] = self.generation;
+                    }
+                    out.push(MeshAction::RestartMembers {
+                        fresh_procs: failure.cause.proc_lost(),
+                        ranks: failure.ranks,
+                        generation: self.generation,
+                        delay,
+                    });
+                }
+            }
+        }
+    }
+
+    fn backoff_delay(&mut self, now: Instant) -> Duration {
+        let Some(backoff) = self.policy.backoff else {
+            return Duration::ZERO;
+        };
+        if let Some(last) = self.last_restart
+            && now.saturating_duration_since(last) >= backoff.reset_after
+        {
+            self.streak = 0;
+        }
+        self.last_restart = Some(now);
+        self.streak = self.streak.saturating_add(1);
+        backoff.delay(self.streak)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,287 @@
+//! Rule tests of the mesh policy machine, and a property test over random
+//! failure sequences.
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn fail(ranks: &[u32], generation: u64) -> MeshEvent {
+    MeshEvent::Failed {
+        failure: MeshFailure {
+            mesh: "m".into(),
+            ranks: ranks.iter().copied().map(Rank).collect(),
+            cause: FailureCause::Actor {
+                message: "boom".into(),
+                panicked: false,
+            },
+            generation: Generation(generation),
+        },
+        decision: None,
+    }
+}
+
+fn proc_exit(ranks: &[u32], generation: u64) -> MeshEvent {
+    MeshEvent::Failed {
+        failure: MeshFailure {
+            mesh: "m".into(),
+            ranks: ranks.iter().copied().map(Rank).collect(),
+            cause: FailureCause::ProcExited {
+                proc: ProcId::new("p0-1").unwrap(),
+                status: ProcStatus::Signal(9),
+            },
+            generation: Generation(generation),
+        },
+        decision: None,
+    }
+}
+
+#[test]
+fn restart_member_respawns_only_the_failed_ranks_in_a_new_generation() {
+    let t = Instant::now();
+    let mut m = MeshMachine::new("m", MeshPolicy::default(), 8);
+    let a = m.handle(t, proc_exit(&[2, 3], 0));
+    assert_eq!(
+        a,
+        vec![MeshAction::RestartMembers {
+            ranks: vec![Rank(2), Rank(3)],
+            fresh_procs: true,
+            generation: Generation(1),
+            delay: Duration::ZERO,
+        }]
+    );
+    assert_eq!(m.rank_generation(Rank(2)), Some(Generation(1)));
+    assert_eq!(m.rank_generation(Rank(4)), Some(Generation(0)));
+    // While restarting, failures wait.
+    assert!(m.handle(t, fail(&[5], 0)).is_empty());
+    let a = m.handle(t, MeshEvent::Restarted(Ok(())));
+    assert!(
+        matches!(&a[..], [MeshAction::RestartMembers { ranks, generation: Generation(2), fresh_procs: false, .. }] if ranks == &[Rank(5)])
+    );
+}
+
+#[test]
+fn reports_of_replaced_lives_are_stale() {
+    let t = Instant::now();
+    let mut m = MeshMachine::new("m", MeshPolicy::default(), 4);
+    m.handle(t, fail(&[1], 0));
+    m.handle(t, MeshEvent::Restarted(Ok(())));
+    // The old life of rank 1 (a zombie) reports again: ignored.
+    assert!(m.handle(t, fail(&[1], 0)).is_empty());
+    // Rank 0 never restarted: its generation-0 life still counts.
+    assert_eq!(m.handle(t, fail(&[0, 1], 0)).len(), 1);
+}
+
+#[test]
+fn restart_mesh_replaces_every_life() {
+    let t = Instant::now();
+    let mut m = MeshMachine::new("m", MeshPolicy::new(Decision::RestartMesh), 4);
+    assert_eq!(
+        m.handle(t, fail(&[3], 0)),
+        vec![MeshAction::RestartMesh {
+            generation: Generation(1),
+            delay: Duration::ZERO
+        }]
+    );
+    m.handle(t, MeshEvent::Restarted(Ok(())));
+    assert!(
+        m.handle(t, fail(&[0], 0)).is_empty(),
+        "every old life is gone"
+    );
+    assert_eq!(m.rank_generation(Rank(0)), Some(Generation(1)));
+}
+
+#[test]
+fn exceeding_the_intensity_escalates() {
+    let t = Instant::now();
+    let policy = MeshPolicy::default().intensity(2, Duration::from_secs(10));
+    let mut m = MeshMachine::new("m", policy, 2);
+    for g in 0..2 {
+        assert_eq!(m.handle(t, fail(&[0], g)).len(), 1);
+        m.handle(t, MeshEvent::Restarted(Ok(())));
+    }
+    let a = m.handle(t + Duration::from_secs(1), fail(&[0], 2));
+    assert!(matches!(
+        &a[..],
+        [MeshAction::Escalate {
+            exhausted: true,
+            ..
+        }]
+    ));
+    assert!(m.is_done());
+    assert!(
+        m.handle(t, fail(&[1], 0)).is_empty(),
+        "a done mesh is inert"
+    );
+    // Outside the period the count starts over.
+    let mut m = MeshMachine::new("m", policy, 1);
+    for g in 0..10 {
+        assert_eq!(
+            m.handle(t + Duration::from_secs(11 * g), fail(&[0], g))
+                .len(),
+            1
+        );
+        m.handle(t, MeshEvent::Restarted(Ok(())));
+    }
+}
+
+#[test]
+fn stop_escalate_and_the_owners_override() {
+    let t = Instant::now();
+    let mut m = MeshMachine::new("m", MeshPolicy::new(Decision::Stop), 2);
+    assert!(matches!(
+        &m.handle(t, fail(&[0], 0))[..],
+        [MeshAction::Stop { .. }]
+    ));
+    let mut m = MeshMachine::new("m", MeshPolicy::new(Decision::Escalate), 2);
+    assert!(matches!(
+        &m.handle(t, fail(&[0], 0))[..],
+        [MeshAction::Escalate {
+            exhausted: false,
+            ..
+        }]
+    ));
+    // The owner's hook overrides the policy for one failure.
+    let mut m = MeshMachine::new("m", MeshPolicy::new(Decision::Stop), 2);
+    let MeshEvent::Failed { failure, .. } = fail(&[1], 0) else {
+        unreachable!()
+    };
+    let a = m.handle(
+        t,
+        MeshEvent::Failed {
+            failure,
+            decision: Some(Decision::RestartMesh),
+        },
+    );
+    assert!(matches!(&a[..], [MeshAction::RestartMesh { .. }]));
+}
+
+#[test]
+fn a_failed_restart_reported_as_a_failure_counts_toward_the_intensity() {
+    let t = Instant::now();
+    let policy = MeshPolicy::default().intensity(1, Duration::from_secs(60));
+    let mut m = MeshMachine::new("m", policy, 2);
+    m.handle(t, fail(&[0], 0));
+    assert!(
+        m.handle(t, MeshEvent::Restarted(Err("no proc".into())))
+            .is_empty()
+    );
+    let a = m.handle(
+        t,
+        MeshEvent::Failed {
+            failure: MeshFailure {
+                mesh: "m".into(),
+                ranks: vec![Rank(0)],
+                cause: FailureCause::StartFailed("no proc".into()),
+                generation: m.generation(),
+            },
+            decision: None,
+        },
+    );
+    assert!(
+        matches!(&a[..], [MeshAction::Escalate { exhausted: true, failure }] if matches!(failure.cause, FailureCause::StartFailed(_))),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn backoff_grows_and_resets() {
+    let t = Instant::now();
+    let backoff = Backoff {
+        initial: Duration::from_millis(10),
+        max: Duration::from_millis(25),
+        reset_after: Duration::from_secs(5),
+    };
+    let policy = MeshPolicy::default()
+        .intensity(100, Duration::from_secs(1))
+        .backoff(backoff);
+    let mut m = MeshMachine::new("m", policy, 1);
+    let mut delays = Vec::new();
+    for g in 0..4 {
+        let a = m.handle(t, fail(&[0], g));
+        let MeshAction::RestartMembers { delay, .. } = a[0] else {
+            panic!("{a:?}")
+        };
+        delays.push(delay.as_millis());
+        m.handle(t, MeshEvent::Restarted(Ok(())));
+    }
+    assert_eq!(delays, vec![10, 20, 25, 25]);
+    let a = m.handle(t + Duration::from_secs(6), fail(&[0], 4));
+    assert!(
+        matches!(a[0], MeshAction::RestartMembers { delay, .. } if delay == Duration::from_millis(10))
+    );
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Fail { ranks: Vec<u32>, age: u64 },
+    Restarted(bool),
+    Advance(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (proptest::collection::vec(0u32..6, 1..4), 0u64..3)
+            .prop_map(|(ranks, age)| Step::Fail { ranks, age }),
+        3 => any::<bool>().prop_map(Step::Restarted),
+        1 => (0u64..20_000).prop_map(Step::Advance),
+    ]
+}
+
+proptest! {
+    /// Whatever happens: at most one restart in flight, generations only
+    /// grow (one per restart), no rank is ever ahead of the mesh, stale lives
+    /// never cause an action, and a done mesh does nothing.
+    #[test]
+    fn invariants_hold_over_random_failures(
+        decision in prop_oneof![Just(Decision::RestartMember), Just(Decision::RestartMesh)],
+        max in 0u32..4,
+        steps in proptest::collection::vec(step(), 1..60),
+    ) {
+        let t0 = Instant::now();
+        let mut now = t0;
+        let policy = MeshPolicy::new(decision).intensity(max, Duration::from_secs(10));
+        let mut m = MeshMachine::new("m", policy, 6);
+        let mut in_flight = false;
+        let mut last_generation = 0;
+        for s in steps {
+            let done_before = m.is_done();
+            let actions = match s {
+                Step::Advance(ms) => { now += Duration::from_millis(ms); Vec::new() }
+                Step::Restarted(ok) => {
+                    let a = m.handle(now, MeshEvent::Restarted(if ok { Ok(()) } else { Err("x".into()) }));
+                    in_flight = false;
+                    a
+                }
+                Step::Fail { ranks, age } => {
+                    // Report lives of the current or an older generation.
+                    let g = m.generation().0.saturating_sub(age);
+                    let stale = ranks.iter().all(|r| m.rank_generation(Rank(*r)).unwrap() > Generation(g));
+                    let a = m.handle(now, fail(&ranks, g));
+                    if stale && !in_flight {
+                        prop_assert!(a.is_empty(), "stale report acted on: {:?}", a);
+                    }
+                    a
+                }
+            };
+            if done_before {
+                prop_assert!(actions.is_empty());
+            }
+            for a in &actions {
+                match a {
+                    MeshAction::RestartMembers { generation, .. } | MeshAction::RestartMesh { generation, .. } => {
+                        prop_assert!(!in_flight, "two restarts in flight");
+                        prop_assert_eq!(generation.0, last_generation + 1);
+                        last_generation = generation.0;
+                        in_flight = true;
+                    }
+                    MeshAction::Stop { .. } | MeshAction::Escalate { .. } => prop_assert!(m.is_done()),
+                }
+            }
+            for r in 0..6 {
+                prop_assert!(m.rank_generation(Rank(r)).unwrap() <= m.generation());
+            }
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! Mesh supervision over in-process procs (real proc runtimes, real QUIC):
+//! every policy with an injected fault, generations, escalation through a
+//! three-level tree of owned meshes, the owner's hook, and in-flight calls
+//! failing fast when their proc dies. Faults that need real processes
+//! (SIGKILL, SIGSTOP, orphans) are in the end-to-end suite.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use regent_mesh::alloc::{Allocator, ProcSignal};
+use regent_mesh::inproc::InProcAllocator;
+use regent_mesh::{
+    ActorError, ActorMesh, Decision, FailureCause, Member, MeshActor, MeshError, MeshPolicy,
+    MeshStatus, ProcMesh, Rank, Runtime, RuntimeConfig, Selection, Shape, SpawnOptions,
+};
+use serde::{Deserialize, Serialize};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// When set, new members of meshes named `crashy` fail to start.
+static CRASHY_START_FAILS: AtomicBool = AtomicBool::new(false);
+
+struct Worker {
+    rank: u32,
+    generation: u64,
+    count: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Op {
+    /// Count one more; reply with the count (a fresh life starts at 0).
+    Bump,
+    /// Reply with (rank, generation) packed.
+    Whoami,
+    Fail,
+    Sleep(u64),
+}
+
+impl MeshActor for Worker {
+    const NAME: &'static str = "test/worker";
+    type Args = ();
+    type Msg = Op;
+    type Reply = u64;
+
+    async fn new(member: &Member, (): ()) -> Result<Self, ActorError> {
+        if member.mesh() == "crashy" && CRASHY_START_FAILS.load(Ordering::SeqCst) {
+            return Err("cannot open the dataset".into());
+        }
+        Ok(Self {
+            rank: member.rank().0,
+            generation: member.generation().0,
+            count: 0,
+        })
+    }
+
+    async fn handle(&mut self, _: &Member, op: Op) -> Result<u64, ActorError> {
+        Ok(match op {
+            Op::Bump => {
+                self.count += 1;
+                self.count
+            }
+            Op::Whoami => u64::from(self.rank) << 32 | self.generation,
+            Op::Fail => return Err("injected failure".into()),
+            Op::Sleep(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                0
+            }
+        })
+    }
+}
+
+regent_mesh::register_actor!(Worker);
+
+struct Fixture {
+    rt: Runtime,
+    alloc: Arc<InProcAllocator>,
+    procs: ProcMesh,
+}
+
+async fn fixture(procs: usize) -> Fixture {
+    let rt = Runtime::start(RuntimeConfig::default().call_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let alloc = Arc::new(InProcAllocator::default());
+    let pm = rt
+        .spawn_procs(alloc.clone(), Shape::new([("procs", procs)]).unwrap())
+        .await
+        .unwrap();
+    Fixture {
+        rt,
+        alloc,
+        procs: pm,
+    }
+}
+
+fn sel(text: &str) -> Selection {
+    text.parse().unwrap()
+}
+
+async fn running_at(mesh: &ActorMesh<Worker>, generation: u64) {
+    mesh.wait_status(DEADLINE, |s| {
+        *s == MeshStatus::Running && mesh.generation().0 >= generation
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_proc_is_replaced_and_only_its_members_restart() {
+    let f = fixture(3).await;
+    let mesh = f.procs.spawn::<Worker>("w", 2, &()).await.unwrap();
+    let mut failures = mesh.failures();
+    mesh.cast(&Selection::All, &Op::Bump).await.unwrap();
+    let victim = mesh.procs()[1].proc.clone();
+    let t = Instant::now();
+    f.alloc.signal(&victim, ProcSignal::Kill).await.unwrap();
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    println!("proc kill reached the owner after {:?}", t.elapsed());
+    assert_eq!(failure.ranks, vec![Rank(2), Rank(3)]);
+    assert!(matches!(failure.cause, FailureCause::ProcExited { ref proc, .. } if *proc == victim));
+    running_at(&mesh, 1).await;
+    assert_ne!(mesh.procs()[1].proc, victim, "a fresh proc took its place");
+    // The others kept their state; the respawned ranks start over.
+    let counts = mesh.call(&Selection::All, &Op::Bump).await.unwrap();
+    let counts: Vec<u64> = counts
+        .into_result()
+        .unwrap()
+        .into_iter()
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(counts, vec![2, 2, 1, 1, 2, 2]);
+    let who = mesh.call(&Selection::All, &Op::Whoami).await.unwrap();
+    for (rank, packed) in who.values() {
+        assert_eq!(packed >> 32, u64::from(rank.0));
+        let generation = packed & 0xffff_ffff;
+        let expected = if matches!(rank.0, 2 | 3) { 1 } else { 0 };
+        assert_eq!(
+            generation, expected,
+            "rank {} lives in generation {generation}",
+            rank.0
+        );
+    }
+    assert!(f.procs.all_procs().len() == 4);
+    drop(f.rt);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mesh_respawns_every_member() {
+    let f = fixture(2).await;
+    let options = SpawnOptions::new().policy(MeshPolicy::new(Decision::RestartMesh));
+    let mesh = f
+        .procs
+        .spawn_with::<Worker>("w", 2, &(), options)
+        .await
+        .unwrap();
+    mesh.cast(&Selection::All, &Op::Bump).await.unwrap();
+    let vm = mesh
+        .call(&sel("procs=1,actors=1"), &Op::Fail)
+        .await
+        .unwrap();
+    assert_eq!(vm.failed().len(), 1);
+    running_at(&mesh, 1).await;
+    let counts = mesh.call(&Selection::All, &Op::Bump).await.unwrap();
+    assert!(
+        counts.into_result().unwrap().iter().all(|(_, c)| *c == 1),
+        "every member is a fresh life"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stop_policy_stops_the_mesh_and_says_why() {
+    let f = fixture(2).await;
+    let options = SpawnOptions::new().policy(MeshPolicy::new(Decision::Stop));
+    let mesh = f
+        .procs
+        .spawn_with::<Worker>("w", 1, &(), options)
+        .await
+        .unwrap();
+    let _ = mesh.call(&sel("procs=0"), &Op::Fail).await.unwrap();
+    let status = mesh
+        .wait_status(DEADLINE, MeshStatus::is_done)
+        .await
+        .unwrap();
+    let MeshStatus::Stopped(Some(failure)) = status else {
+        panic!("{status:?}")
+    };
+    assert_eq!(failure.ranks, vec![Rank(0)]);
+    assert!(matches!(
+        mesh.cast(&Selection::All, &Op::Bump).await,
+        Err(MeshError::Stopped(_))
+    ));
+    assert!(f.rt.job_failure().is_none(), "stopping is not escalating");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_at_start_exhausts_the_intensity_and_escalates_to_the_root() {
+    let f = fixture(2).await;
+    let policy = MeshPolicy::new(Decision::RestartMember).intensity(2, Duration::from_secs(60));
+    let mesh = f
+        .procs
+        .spawn_with::<Worker>("crashy", 1, &(), SpawnOptions::new().policy(policy))
+        .await
+        .unwrap();
+    let mut failures = mesh.failures();
+    CRASHY_START_FAILS.store(true, Ordering::SeqCst);
+    let _ = mesh.call(&sel("procs=1"), &Op::Fail).await.unwrap();
+    let report = tokio::time::timeout(DEADLINE, f.rt.wait_job_failure())
+        .await
+        .unwrap();
+    CRASHY_START_FAILS.store(false, Ordering::SeqCst);
+    println!("job failure:\n{report}");
+    assert!(
+        matches!(report.cause, FailureCause::StartFailed(ref m) if m.contains("cannot open the dataset"))
+    );
+    assert!(matches!(mesh.status(), MeshStatus::Escalated(_)));
+    // The owner saw the original failure, then each failed restart.
+    let first = failures.recv().await.unwrap();
+    assert!(matches!(first.cause, FailureCause::Actor { .. }));
+    let mut start_failures = 0;
+    while let Ok(f) = failures.try_recv() {
+        assert!(matches!(f.cause, FailureCause::StartFailed(_)));
+        start_failures += 1;
+    }
+    assert_eq!(
+        start_failures, 2,
+        "two failed restarts, then the third restart exceeds 2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escalation_walks_a_three_level_tree_of_owned_meshes_to_the_root() {
+    let f = fixture(2).await;
+    let escalate = || SpawnOptions::new().policy(MeshPolicy::new(Decision::Escalate));
+    let top = f
+        .procs
+        .spawn_with::<Worker>("top", 1, &(), escalate())
+        .await
+        .unwrap();
+    let mid = f
+        .procs
+        .spawn_with::<Worker>("mid", 1, &(), escalate().owned_by(&top, Rank(1)))
+        .await
+        .unwrap();
+    let leaf = f
+        .procs
+        .spawn_with::<Worker>("leaf", 1, &(), escalate().owned_by(&mid, Rank(0)))
+        .await
+        .unwrap();
+    let _ = leaf.call(&sel("procs=1"), &Op::Fail).await.unwrap();
+    let report = tokio::time::timeout(DEADLINE, f.rt.wait_job_failure())
+        .await
+        .unwrap();
+    println!("job failure:\n{report}");
+    assert_eq!(report.mesh, "top");
+    assert_eq!(report.ranks, vec![Rank(1)]);
+    let FailureCause::Escalated(mid_failure) = &report.cause else {
+        panic!("{report}")
+    };
+    assert_eq!(mid_failure.mesh, "mid");
+    assert_eq!(mid_failure.ranks, vec![Rank(0)]);
+    let FailureCause::Escalated(leaf_failure) = &mid_failure.cause else {
+        panic!("{report}")
+    };
+    assert_eq!(leaf_failure.mesh, "leaf");
+    assert_eq!(leaf_failure.ranks, vec![Rank(1)]);
+    assert!(matches!(leaf_failure.cause, FailureCause::Actor { .. }));
+    for m in [&top, &mid, &leaf] {
+        assert!(m.status().is_done(), "{:?}", m.status());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owners_hook_overrides_the_policy() {
+    let f = fixture(2).await;
+    // Policy: stop. Hook: actor errors are worth a restart of that member.
+    let options = SpawnOptions::new()
+        .policy(MeshPolicy::new(Decision::Stop))
+        .on_failure(|failure| match failure.cause {
+            FailureCause::Actor { .. } => Some(Decision::RestartMember),
+            _ => None,
+        });
+    let mesh = f
+        .procs
+        .spawn_with::<Worker>("w", 1, &(), options)
+        .await
+        .unwrap();
+    let _ = mesh.call(&sel("procs=0"), &Op::Fail).await.unwrap();
+    running_at(&mesh, 1).await;
+    assert_eq!(
+        mesh.call(&Selection::All, &Op::Bump).await.unwrap().len(),
+        2
+    );
+    // A proc loss is not an actor error: the policy applies and stops it.
+    let victim = mesh.procs()[0].proc.clone();
+    f.alloc.signal(&victim, ProcSignal::Kill).await.unwrap();
+    mesh.wait_status(DEADLINE, MeshStatus::is_done)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_calls_fail_fast_when_their_proc_dies() {
+    let f = fixture(3).await;
+    let options = SpawnOptions::new().policy(MeshPolicy::new(Decision::Stop));
+    let mesh = f
+        .procs
+        .spawn_with::<Worker>("w", 1, &(), options)
+        .await
+        .unwrap();
+    let victim = mesh.procs()[2].proc.clone();
+    let call = {
+        let mesh = mesh.clone();
+        tokio::spawn(async move { mesh.call(&Selection::All, &Op::Sleep(500)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = Instant::now();
+    f.alloc.signal(&victim, ProcSignal::Kill).await.unwrap();
+    let vm = call.await.unwrap().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "the call waited {:?} (its timeout is 10 s)",
+        t.elapsed()
+    );
+    assert_eq!(vm.len(), 2, "{:?}", vm.failed());
+    assert_eq!(vm.failed().len(), 1);
+    assert_eq!(vm.failed()[0].0, Rank(2));
+}
