@@ -18,6 +18,8 @@
 
 pub mod actor;
 pub mod alloc;
+pub mod boot;
+pub mod host;
 pub mod inproc;
 mod node;
 pub mod policy;

@@ -13,6 +13,15 @@
 //! A proc dies with its host agent (parent-death signal), and a host agent
 //! stops the procs of an owner whose lease lapsed.
 
+mod host;
+mod local;
+mod slurm;
+mod tracker;
+
+pub use host::{HostAllocator, HostAllocatorConfig, HostInfo};
+pub use local::{LOCAL_HOST, LocalAllocator, LocalConfig};
+pub use slurm::{SlurmAllocator, SlurmConfig, in_allocation};
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -145,6 +154,10 @@ pub enum AllocError {
     /// Not enough capacity (e.g. fewer Slurm nodes than needed).
     #[error("not enough capacity: {0}")]
     Capacity(String),
+    /// Slurm could not start the host agents (`srun` failed or ended, or
+    /// not every agent announced itself in time).
+    #[error("slurm: {0}")]
+    Slurm(String),
     /// No such proc in this allocation.
     #[error("no proc {0} in this allocation")]
     UnknownProc(ProcId),

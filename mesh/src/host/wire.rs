@@ -1,0 +1,288 @@
+//! The host agent's wire protocol: what procs, owners and host agents say to
+//! each other over the control plane (QUIC with mutual TLS, `regent-net`).
+//!
+//! Every message goes to or from well-known ports:
+//!
+//! | from | to | messages |
+//! |---|---|---|
+//! | proc (`regent-proc[0]`) | its host agent's [`host_port`] | [`Ready`] |
+//! | owner (`regent-alloc[k]`) | a host agent's [`host_port`] | [`HostRequest`], [`Renew`] |
+//! | host agent (`regent-host[0]`) | the owner actor's port 0 | [`HostReply`], [`ProcReady`], [`ProcExited`] |
+//! | host agent started by Slurm | the port named by `--announce-port` | [`HostHello`] |
+//!
+//! Senders are authenticated by the transport (a delivery's sender proc is
+//! the one named by its certificate from the cluster CA); the host agent
+//! checks in addition that an owner only controls its own procs and that a
+//! [`Ready`] comes from the proc it names. Every list in a message is
+//! bounded ([`MAX_SPAWN_ARGS`], [`MAX_SPAWN_ENV`]) on top of the transport's
+//! frame limit.
+
+use std::fmt;
+use std::time::Duration;
+
+use regent_net::{ActorId, Message, PortId, ProcAddr, ProcId};
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::{ProcBoot, ProcSignal, ProcStatus};
+
+/// The actor name of a host agent's port (index 0, port 0).
+pub const HOST_ACTOR: &str = "regent-host";
+/// The actor name a proc sends its [`Ready`] from (index 0).
+pub const PROC_ACTOR: &str = "regent-proc";
+/// The actor name of an allocator on its owner's endpoint (index `k`).
+pub const ALLOC_ACTOR: &str = "regent-alloc";
+/// The most arguments a [`SpawnRequest`] may carry.
+pub const MAX_SPAWN_ARGS: usize = 1024;
+/// The most environment variables a [`SpawnRequest`] may carry.
+pub const MAX_SPAWN_ENV: usize = 1024;
+
+/// The actor that holds a host agent's port in proc `host`.
+pub fn host_actor(host: &ProcId) -> ActorId {
+    // Invariant: HOST_ACTOR is a valid actor name (checked by a unit test).
+    host.actor(HOST_ACTOR, 0)
+        .expect("HOST_ACTOR is a valid actor name")
+}
+
+/// The port of the host agent in proc `host`: procs report [`Ready`] there,
+/// owners send [`HostRequest`]s and [`Renew`]s there.
+pub fn host_port(host: &ProcId) -> PortId {
+    host_actor(host).port(0)
+}
+
+/// The actor a proc sends its [`Ready`] from.
+pub fn proc_actor(proc: &ProcId) -> ActorId {
+    // Invariant: PROC_ACTOR is a valid actor name (checked by a unit test).
+    proc.actor(PROC_ACTOR, 0)
+        .expect("PROC_ACTOR is a valid actor name")
+}
+
+/// The actor of the `index`th allocator on `owner`'s endpoint; its port 0
+/// receives the host agents' replies and events.
+pub fn alloc_actor(owner: &ProcId, index: u32) -> ActorId {
+    // Invariant: ALLOC_ACTOR is a valid actor name (checked by a unit test).
+    owner
+        .actor(ALLOC_ACTOR, index)
+        .expect("ALLOC_ACTOR is a valid actor name")
+}
+
+/// Tells the host agent that a proc is up: its endpoint is bound and its
+/// runtime serves. Sent once by the proc (see
+/// [`crate::boot::ProcStart::report_ready`]) to its parent's [`host_port`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    /// The proc's endpoint.
+    pub addr: ProcAddr,
+    /// Its OS process id (checked against the spawned child's).
+    pub pid: u32,
+}
+
+impl Message for Ready {
+    const TYPE_NAME: &'static str = "regent/host/Ready";
+}
+
+/// Names a request of one owner, echoed in its [`HostReply`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// A request of an owner to a host agent, answered by a [`HostReply`] with
+/// the same id.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostRequest {
+    /// The request's id (unique per owner actor).
+    pub id: RequestId,
+    /// What to do.
+    pub op: HostOp,
+}
+
+impl Message for HostRequest {
+    const TYPE_NAME: &'static str = "regent/host/Request";
+}
+
+/// What an owner asks of a host agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum HostOp {
+    /// Start a proc; replied with [`ReplyOk::Spawned`] once the process
+    /// runs, then [`ProcReady`] once it reported ready.
+    Spawn(Box<SpawnRequest>),
+    /// Stop a proc of this owner: SIGTERM, then SIGKILL after `grace`.
+    /// Replied with [`ReplyOk::Done`] at once; the exit comes as
+    /// [`ProcExited`].
+    Stop {
+        /// The proc.
+        proc: ProcId,
+        /// How long it may take to exit after SIGTERM.
+        grace: Duration,
+    },
+    /// Deliver a signal to a proc of this owner; replied with
+    /// [`ReplyOk::Done`].
+    Signal {
+        /// The proc.
+        proc: ProcId,
+        /// The signal.
+        signal: ProcSignal,
+    },
+    /// Stop every proc and exit. Obeyed only from the controller the agent
+    /// announced itself to (an agent started for it, as by Slurm); replied
+    /// with [`ReplyOk::Done`] before the agent stops.
+    Shutdown,
+}
+
+/// How to start one proc on a host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// The proc's boot (holds its private key; written to its stdin only).
+    /// `boot.owner.proc` must be the requesting proc.
+    pub boot: ProcBoot,
+    /// The program to run (a path on the host); `None` runs the host
+    /// agent's default program.
+    pub program: Option<String>,
+    /// Its arguments (at most [`MAX_SPAWN_ARGS`]).
+    pub args: Vec<String>,
+    /// Environment variables set on top of the host agent's own (at most
+    /// [`MAX_SPAWN_ENV`]). `REGENT_ROLE` and `REGENT_PARENT_PID` are set by
+    /// the host agent and cannot be overridden.
+    pub env: Vec<(String, String)>,
+    /// The owner's lease: if the host agent hears no [`Renew`] (nor
+    /// request) from the owner for this long, it stops all the owner's
+    /// procs.
+    pub lease: Duration,
+}
+
+/// A host agent's answer to a [`HostRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostReply {
+    /// The request answered.
+    pub id: RequestId,
+    /// What came of it: done, or refused with the reason.
+    pub outcome: Result<ReplyOk, String>,
+}
+
+impl Message for HostReply {
+    const TYPE_NAME: &'static str = "regent/host/Reply";
+}
+
+/// A request that succeeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplyOk {
+    /// The proc process runs with this pid (it is not ready yet).
+    Spawned {
+        /// Its OS process id.
+        pid: u32,
+    },
+    /// Done (stop started, signal delivered).
+    Done,
+}
+
+/// Renews the sender's lease on a host agent. Owners send it every
+/// lease / 3; any request renews too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Renew {
+    /// The lease from now on.
+    pub lease: Duration,
+}
+
+impl Message for Renew {
+    const TYPE_NAME: &'static str = "regent/host/Renew";
+}
+
+/// A host agent tells an owner that one of its procs reported ready.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcReady {
+    /// The proc.
+    pub proc: ProcId,
+    /// Its endpoint.
+    pub addr: ProcAddr,
+    /// Its OS process id.
+    pub pid: u32,
+}
+
+impl Message for ProcReady {
+    const TYPE_NAME: &'static str = "regent/host/ProcReady";
+}
+
+/// A host agent tells an owner that one of its procs ended (sent when
+/// `waitpid` returns: at once, not polled).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcExited {
+    /// The proc.
+    pub proc: ProcId,
+    /// Its OS process id.
+    pub pid: u32,
+    /// How it ended.
+    pub status: ProcStatus,
+}
+
+impl Message for ProcExited {
+    const TYPE_NAME: &'static str = "regent/host/ProcExited";
+}
+
+/// A host agent started for an owner (by Slurm) announces itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostHello {
+    /// The host agent's endpoint.
+    pub addr: ProcAddr,
+    /// Its OS process id.
+    pub pid: u32,
+    /// The machine's host name.
+    pub hostname: String,
+}
+
+impl Message for HostHello {
+    const TYPE_NAME: &'static str = "regent/host/Hello";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn well_known_actors_are_valid() {
+        let p = ProcId::new("p").unwrap();
+        assert_eq!(host_port(&p).to_string(), "p/regent-host[0]#0");
+        assert_eq!(proc_actor(&p).to_string(), "p/regent-proc[0]");
+        assert_eq!(alloc_actor(&p, 3).to_string(), "p/regent-alloc[3]");
+    }
+
+    #[test]
+    fn type_names_are_distinct() {
+        let names = [
+            Ready::TYPE_NAME,
+            HostRequest::TYPE_NAME,
+            HostReply::TYPE_NAME,
+            Renew::TYPE_NAME,
+            ProcReady::TYPE_NAME,
+            ProcExited::TYPE_NAME,
+            HostHello::TYPE_NAME,
+        ];
+        let set: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(set.len(), names.len());
+        assert!(names.iter().all(|n| n.starts_with("regent/host/")));
+    }
+
+    #[test]
+    fn messages_round_trip_through_the_wire_codec() {
+        let reply = HostReply {
+            id: RequestId(7),
+            outcome: Err("no".into()),
+        };
+        let bytes = regent_net::wire::encode_payload(&reply).unwrap();
+        let back: HostReply = regent_net::wire::decode_body(&bytes).unwrap();
+        assert_eq!(back, reply);
+        let exited = ProcExited {
+            proc: ProcId::new("p-1").unwrap(),
+            pid: 42,
+            status: ProcStatus::Signal(9),
+        };
+        let bytes = regent_net::wire::encode_payload(&exited).unwrap();
+        assert_eq!(
+            regent_net::wire::decode_body::<ProcExited>(&bytes).unwrap(),
+            exited
+        );
+    }
+}
