@@ -1,5 +1,6 @@
-//! The `regent` command: the supervision demo, benchmarks, and (later) host
-//! agents, training jobs and chaos runs.
+//! The `regent` command: the supervision demo, benchmarks, host agents
+//! (`regent host`), the cluster CA (`regent ca`), and (later) training jobs
+//! and chaos runs.
 
 use std::path::PathBuf;
 
@@ -41,6 +42,48 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Run a host agent: it starts procs for owners authenticated by the
+    /// cluster CA (`regent host --help` lists its options).
+    #[command(disable_help_flag = true)]
+    Host {
+        /// The host agent's options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Make the cluster CA and issue credentials from it.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CaCommand {
+    /// Make a new cluster CA: writes ca.crt and ca.key (mode 0600) into a
+    /// directory (made with mode 0700).
+    Init {
+        /// The directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The CA's name (its certificate's subject).
+        #[arg(long, default_value = "regent cluster")]
+        name: String,
+        /// Replace an existing CA.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue the credentials of a proc or host agent: writes NAME.crt,
+    /// NAME.key (mode 0600) and ca.crt.
+    Issue {
+        /// The proc id (a DNS label: a-z, 0-9, -).
+        name: String,
+        /// The directory of the CA.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Where to write the credentials (default: the CA's directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -78,5 +121,51 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::BenchPeer { dir } => rt.block_on(bench::net::serve_peer(&dir)),
+        Command::Host { args } => {
+            if args.iter().any(|a| a == "--help" || a == "-h") {
+                println!("{}", regent_mesh::host::server::USAGE);
+                return Ok(());
+            }
+            rt.block_on(regent_mesh::host::run_from_args(args))?;
+            Ok(())
+        }
+        Command::Ca { command } => ca(command),
     }
+}
+
+/// `regent ca init` and `regent ca issue`.
+fn ca(command: CaCommand) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let private_dir = |dir: &std::path::Path| {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))
+    };
+    match command {
+        CaCommand::Init { dir, name, force } => {
+            if dir.join("ca.key").exists() && !force {
+                anyhow::bail!(
+                    "{} already holds a CA (ca.key); --force replaces it",
+                    dir.display()
+                );
+            }
+            private_dir(&dir)?;
+            regent_net::ClusterCa::generate(&name)?.save(&dir)?;
+            println!("cluster CA {name:?} written to {}", dir.display());
+        }
+        CaCommand::Issue { name, dir, out } => {
+            let proc = regent_net::ProcId::new(&name)?;
+            let ca = regent_net::ClusterCa::load(&dir)?;
+            let out = out.unwrap_or(dir);
+            private_dir(&out)?;
+            ca.issue(&proc)?.save(&out)?;
+            println!(
+                "credentials of {proc} written to {}: {proc}.crt, {proc}.key, ca.crt",
+                out.display()
+            );
+        }
+    }
+    Ok(())
 }

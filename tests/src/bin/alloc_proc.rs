@@ -1,0 +1,147 @@
+//! The proc (and host agent) binary of the allocator suite
+//! (`tests/tests/alloc.rs`). Like a user's binary, it is what its role
+//! says (`REGENT_ROLE`):
+//!
+//! - `proc`: boots with [`regent_mesh::boot::start_proc`], opens the port
+//!   `ctl[0]#0`, reports ready, and serves: [`Ping`] is answered with
+//!   [`Pong`] (its proc and pid), [`Exit`] exits with a code, [`Panic`]
+//!   panics the main thread (exit code 101). With `--ignore-term` it
+//!   ignores SIGTERM (a tokio signal handler replaces the default action).
+//! - `host`: a host agent, `regent host` with the same options
+//!   ([`regent_mesh::host::run_from_args`]).
+//!
+//! A boot failure exits with code 2 and the error on stderr.
+
+#![forbid(unsafe_code)]
+
+use regent_mesh::boot::{self, Role};
+use regent_net::{Generation, Message, PortId, ProcId};
+use serde::{Deserialize, Serialize};
+
+/// Asks for a [`Pong`] at `reply_to` (same definition in `tests/alloc.rs`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Ping {
+    n: u64,
+    reply_to: PortId,
+}
+
+impl Message for Ping {
+    const TYPE_NAME: &'static str = "regent-tests/alloc/Ping";
+}
+
+/// The answer to a [`Ping`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Pong {
+    n: u64,
+    proc: ProcId,
+    pid: u32,
+}
+
+impl Message for Pong {
+    const TYPE_NAME: &'static str = "regent-tests/alloc/Pong";
+}
+
+/// Exit with this code.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Exit {
+    code: i32,
+}
+
+impl Message for Exit {
+    const TYPE_NAME: &'static str = "regent-tests/alloc/Exit";
+}
+
+/// Panic.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Panic;
+
+impl Message for Panic {
+    const TYPE_NAME: &'static str = "regent-tests/alloc/Panic";
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => fail(&format!("runtime: {e}")),
+    };
+    match boot::try_role() {
+        Ok(Role::Proc) => {
+            if let Err(e) = rt.block_on(serve_proc()) {
+                fail(&e);
+            }
+        }
+        Ok(Role::Host) => {
+            if let Err(e) = rt.block_on(regent_mesh::host::run_from_args(std::env::args().skip(1)))
+            {
+                fail(&e.to_string());
+            }
+        }
+        Ok(Role::Controller) => fail("alloc_proc runs as a proc or host agent (REGENT_ROLE)"),
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("alloc_proc: {message}");
+    std::process::exit(2)
+}
+
+async fn serve_proc() -> Result<(), String> {
+    if std::env::args().any(|a| a == "--ignore-term") {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Installing the handler replaces SIGTERM's default action (exit).
+        let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            while term.recv().await.is_some() {
+                eprintln!("alloc_proc: SIGTERM ignored");
+            }
+        });
+    }
+    let start = boot::start_proc().await.map_err(|e| e.to_string())?;
+    let proc = start.boot.proc.clone();
+    let me = proc.actor("ctl", 0).map_err(|e| e.to_string())?;
+    let mut inbox = start
+        .endpoint
+        .open_port(me.port(0))
+        .map_err(|e| e.to_string())?;
+    start.report_ready().await.map_err(|e| e.to_string())?;
+    loop {
+        let Some(delivery) = inbox.recv().await else {
+            return Ok(());
+        };
+        let tag = delivery.type_tag;
+        if tag == regent_net::TypeTag::of::<Ping>() {
+            let ping = delivery.decode::<Ping>().map_err(|e| e.to_string())?;
+            let pong = Pong {
+                n: ping.n,
+                proc: proc.clone(),
+                pid: std::process::id(),
+            };
+            if let Err(e) = start
+                .endpoint
+                .send(&me, &ping.reply_to, Generation(0), pong)
+                .await
+            {
+                eprintln!("alloc_proc {proc}: pong not sent: {}", e.failure);
+            }
+        } else if tag == regent_net::TypeTag::of::<Exit>() {
+            let exit = delivery.decode::<Exit>().map_err(|e| e.to_string())?;
+            std::process::exit(exit.code);
+        } else if tag == regent_net::TypeTag::of::<Panic>() {
+            panic!("alloc_proc {proc}: told to panic");
+        } else {
+            eprintln!("alloc_proc {proc}: unknown message {tag:?}");
+        }
+    }
+}
