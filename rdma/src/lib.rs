@@ -1,8 +1,88 @@
 //! The payload plane: registered buffers that a peer reads and writes
 //! one-sidedly, through ibverbs, shared memory or an authenticated TCP
-//! fallback.
+//! fallback. Tensors ride here, not on control messages.
 //!
-//! This crate is being built (see `ARCHITECTURE.md`); today it holds no API.
-//! It is one of the two crates allowed `unsafe`; every block carries a
+//! # Shape
+//!
+//! - A [`BufferManager`] per proc. [`Memory::allocate`] makes shared memory
+//!   (a sealed memfd, populated); [`BufferManager::register`] turns it into
+//!   a [`LocalBuffer`] whose [`RemoteBuffer`] handle (owner, id, length,
+//!   host, capability token, one descriptor per backend; serde, small,
+//!   validated on decode) goes to peers over the control plane.
+//! - A peer calls [`BufferManager::read_into`] / [`BufferManager::write_from`]
+//!   with the handle, an offset and a local slice, or runs a [`Batch`].
+//!   Out-of-range requests fail before any transfer.
+//! - The backend per (reader, buffer) pair comes from [`choose_backend`]:
+//!   `ibverbs` when both ends have a device, else `shm` on the same host
+//!   (equal [`HostId`]), else `tcp`; a [`BackendPolicy`] can force one.
+//! - Releasing (dropping) a [`LocalBuffer`], or the owner's death, makes
+//!   peers' operations fail with [`Error::Released`] / [`Error::OwnerDied`]
+//!   (shm) or [`Error::Link`] (tcp), never hang: shm checks a state word in
+//!   the segment header and polls a pidfd of the owner between chunks; tcp
+//!   has deadlines on every chunk.
+//!
+//! # Backends
+//!
+//! - `shm` (same host): the peer opens the owner's memfd through
+//!   `/proc/<pid>/fd/<fd>`, checks its seals, size and token, maps it and
+//!   copies with the CPU; the owner's threads do nothing. No name exists in
+//!   any file system, so nothing is left behind when the owner dies.
+//! - `tcp` (across hosts): mutual TLS with the cluster's certificates
+//!   ([`regent_net::ProcCredentials`]), chunked (4 MiB) and pipelined, on one
+//!   or more connections; the owner's serving task does the copying.
+//! - `ibverbs` (cargo feature): RC queue pairs and RDMA READ/WRITE through
+//!   `sideway`; [`ibverbs_available`] says whether a device is present.
+//!
+//! `SEMANTICS.md` in this crate states the contract (visibility, ordering,
+//! invalidation, limits, security); `ARCHITECTURE-rdma.md` is the code map.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use regent_net::{ClusterCa, ProcId};
+//! use regent_rdma::{BufferManager, ManagerConfig, Memory, RemoteBuffer};
+//!
+//! let ca = ClusterCa::generate("example")?;
+//! let owner = BufferManager::start(ManagerConfig::default(), ca.issue(&ProcId::new("a")?)?).await?;
+//! let reader = BufferManager::start(ManagerConfig::default(), ca.issue(&ProcId::new("b")?)?).await?;
+//!
+//! let mut memory = Memory::allocate(1 << 20)?;
+//! memory[..5].copy_from_slice(b"hello");
+//! let buffer = owner.register(memory)?;
+//! // The handle travels on the control plane as bytes.
+//! let handle = RemoteBuffer::decode(&buffer.handle().encode())?;
+//!
+//! let mut local = vec![0u8; 5];
+//! reader.read_into(&handle, 0, &mut local).await?;
+//! assert_eq!(&local, b"hello");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! This is one of the two crates allowed `unsafe`; every block carries a
 //! `// SAFETY:` note.
 #![deny(unsafe_op_in_unsafe_fn)]
+
+mod choice;
+pub mod config;
+pub mod error;
+pub mod handle;
+mod manager;
+mod memory;
+mod shm;
+mod tcp;
+mod verbs;
+
+pub use choice::{LocalCaps, choose_backend};
+pub use config::{BackendKind, BackendPolicy, ManagerConfig};
+pub use error::Error;
+pub use handle::{
+    BufferId, HostId, MAX_BUFFER_BYTES, RemoteBuffer, ShmDescriptor, TcpDescriptor, VerbsDescriptor,
+};
+pub use manager::{Batch, BufferManager, LocalBuffer, MAX_BATCH_CONCURRENCY, MAX_BATCH_OPS, Op};
+pub use memory::{MEMFD_NAME_PREFIX, Memory};
+pub use verbs::available as ibverbs_available;
+
+#[cfg(test)]
+mod tests;

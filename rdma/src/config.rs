@@ -1,0 +1,236 @@
+//! Configuration of a [`crate::BufferManager`]: plain values with documented
+//! defaults and builder-style setters.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::handle::HostId;
+
+/// A way to move bytes to and from a registered buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Verbs RC queue pairs on an RDMA NIC (cargo feature `ibverbs`).
+    Ibverbs,
+    /// The owner's memory mapped by the peer (same host only).
+    Shm,
+    /// The owner's tcp endpoint, mutual TLS with the cluster certificates.
+    Tcp,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ibverbs => "ibverbs",
+            Self::Shm => "shm",
+            Self::Tcp => "tcp",
+        })
+    }
+}
+
+/// How the reader picks a backend for a buffer (see [`crate::choose_backend`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BackendPolicy {
+    /// ibverbs when both ends have it, else shm on the same host, else tcp.
+    #[default]
+    Auto,
+    /// Only this backend; operations fail with [`Error::NoBackend`] when it
+    /// cannot reach the buffer. For tests and benchmarks.
+    Only(BackendKind),
+}
+
+/// Configuration of a buffer manager.
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    /// Where the tcp backend listens. Default `127.0.0.1:0`; a proc that
+    /// serves other hosts binds a routable address.
+    pub tcp_bind_addr: SocketAddr,
+    /// The tcp address put in handles, when it differs from the bound one
+    /// (e.g. bound to `0.0.0.0`). Default: the bound address.
+    pub tcp_advertise_addr: Option<SocketAddr>,
+    /// Bytes per tcp request. Default 4 MiB; at most 64 MiB.
+    pub tcp_chunk_bytes: NonZeroU32,
+    /// Requests in flight per tcp connection. Default 4.
+    pub tcp_window_chunks: NonZeroU32,
+    /// Connections per (reader, owner) pair used by one operation.
+    /// Default 1 (2 cores on the reference machine; more spreads TLS over
+    /// more cores where there are some).
+    pub tcp_connections: NonZeroU32,
+    /// Connections the tcp server serves at once. Default 256.
+    pub tcp_max_clients: NonZeroU32,
+    /// A tcp connection idle this long is closed by the server (and not
+    /// reused by the client after half of it). Default 10 min.
+    pub tcp_idle_timeout: Duration,
+    /// Deadline for connecting (TCP and TLS handshake). Default 10 s.
+    pub connect_timeout: Duration,
+    /// Deadline for each chunk of an operation to make progress. Default
+    /// 30 s.
+    pub op_timeout: Duration,
+    /// Bytes copied between liveness checks of the shm backend. Default
+    /// 8 MiB.
+    pub shm_chunk_bytes: NonZeroU32,
+    /// How often mapped segments of other procs are checked for release or
+    /// owner death, so their memory is unmapped even if no operation
+    /// touches them again. Default 250 ms.
+    pub liveness_interval: Duration,
+    /// Peers' segments kept mapped at once. Default 1024.
+    pub max_peer_segments: usize,
+    /// Buffers registered at once. Default 65 536.
+    pub max_buffers: usize,
+    /// Whether to serve buffers through shm (and use shm as a reader).
+    /// Default true.
+    pub shm: bool,
+    /// Whether to register buffers with a verbs device when the `ibverbs`
+    /// feature is on and a device is present. Default true.
+    pub ibverbs: bool,
+    /// The verbs device to use (by name); default the first one.
+    pub ibverbs_device: Option<String>,
+    /// Backend choice. Default [`BackendPolicy::Auto`].
+    pub backend: BackendPolicy,
+    /// This host's identity; default [`HostId::local`]. A test can set a
+    /// different one to make two procs of one machine look remote.
+    pub host: Option<HostId>,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            tcp_bind_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tcp_advertise_addr: None,
+            tcp_chunk_bytes: NonZeroU32::new(4 << 20).expect("nonzero"),
+            tcp_window_chunks: NonZeroU32::new(4).expect("nonzero"),
+            tcp_connections: NonZeroU32::new(1).expect("nonzero"),
+            tcp_max_clients: NonZeroU32::new(256).expect("nonzero"),
+            tcp_idle_timeout: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(30),
+            shm_chunk_bytes: NonZeroU32::new(8 << 20).expect("nonzero"),
+            liveness_interval: Duration::from_millis(250),
+            max_peer_segments: 1024,
+            max_buffers: 65_536,
+            shm: true,
+            ibverbs: true,
+            ibverbs_device: None,
+            backend: BackendPolicy::Auto,
+            host: None,
+        }
+    }
+}
+
+/// The largest tcp chunk.
+pub const MAX_TCP_CHUNK_BYTES: u32 = 64 << 20;
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$name = value;
+            self
+        }
+    };
+}
+
+impl ManagerConfig {
+    setter!(
+        /// Sets [`Self::tcp_bind_addr`].
+        tcp_bind_addr: SocketAddr
+    );
+    setter!(
+        /// Sets [`Self::tcp_advertise_addr`].
+        tcp_advertise_addr: Option<SocketAddr>
+    );
+    setter!(
+        /// Sets [`Self::tcp_chunk_bytes`].
+        tcp_chunk_bytes: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::tcp_window_chunks`].
+        tcp_window_chunks: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::tcp_connections`].
+        tcp_connections: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::tcp_max_clients`].
+        tcp_max_clients: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::tcp_idle_timeout`].
+        tcp_idle_timeout: Duration
+    );
+    setter!(
+        /// Sets [`Self::connect_timeout`].
+        connect_timeout: Duration
+    );
+    setter!(
+        /// Sets [`Self::op_timeout`].
+        op_timeout: Duration
+    );
+    setter!(
+        /// Sets [`Self::shm_chunk_bytes`].
+        shm_chunk_bytes: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::liveness_interval`].
+        liveness_interval: Duration
+    );
+    setter!(
+        /// Sets [`Self::max_peer_segments`].
+        max_peer_segments: usize
+    );
+    setter!(
+        /// Sets [`Self::max_buffers`].
+        max_buffers: usize
+    );
+    setter!(
+        /// Sets [`Self::shm`].
+        shm: bool
+    );
+    setter!(
+        /// Sets [`Self::ibverbs`].
+        ibverbs: bool
+    );
+    setter!(
+        /// Sets [`Self::ibverbs_device`].
+        ibverbs_device: Option<String>
+    );
+    setter!(
+        /// Sets [`Self::backend`].
+        backend: BackendPolicy
+    );
+    setter!(
+        /// Sets [`Self::host`].
+        host: Option<HostId>
+    );
+
+    /// Checks the values against their bounds.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |s: &str| Err(Error::Config(s.to_owned()));
+        if self.tcp_chunk_bytes.get() > MAX_TCP_CHUNK_BYTES {
+            return bad("tcp_chunk_bytes above 64 MiB");
+        }
+        if self.tcp_window_chunks.get() > 64 {
+            return bad("tcp_window_chunks above 64");
+        }
+        if self.tcp_connections.get() > 16 {
+            return bad("tcp_connections above 16");
+        }
+        if self.max_peer_segments == 0 || self.max_buffers == 0 {
+            return bad("max_peer_segments and max_buffers must be positive");
+        }
+        for (name, d) in [
+            ("connect_timeout", self.connect_timeout),
+            ("op_timeout", self.op_timeout),
+            ("liveness_interval", self.liveness_interval),
+            ("tcp_idle_timeout", self.tcp_idle_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(Error::Config(format!("{name} must be positive")));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,254 @@
+//! Registrable memory: one sealed memfd per buffer, mapped shared and
+//! populated at allocation, with a one-page header that peers check.
+//!
+//! Layout of a segment (`HEADER_BYTES` + length):
+//!
+//! | offset | field |
+//! |---|---|
+//! | 0 | magic `RGNRDMA1` (u64) |
+//! | 8 | state (atomic u32: 0 allocated, 1 registered, 2 released) |
+//! | 12 | owner pid (u32) |
+//! | 16 | length in bytes (u64) |
+//! | 24 | token (16 bytes) |
+//! | 4096 | the buffer's bytes |
+//!
+//! The memfd is sealed against shrinking and growing, so a mapping of it
+//! never faults with SIGBUS, and has mode 0600. It has no name in any file
+//! system: nothing is left behind when its last descriptor and mapping go.
+
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::{FallocateFlags, MemfdFlags, Mode, SealFlags};
+
+use crate::error::Error;
+use crate::handle::{MAX_BUFFER_BYTES, Token};
+
+/// Bytes before the data: one page.
+pub(crate) const HEADER_BYTES: usize = 4096;
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RGNRDMA1");
+pub(crate) const STATE_ALLOCATED: u32 = 0;
+pub(crate) const STATE_REGISTERED: u32 = 1;
+pub(crate) const STATE_RELEASED: u32 = 2;
+/// The memfd name prefix (visible in `/proc/<pid>/maps` and `fd/`).
+pub const MEMFD_NAME_PREFIX: &str = "regent-rdma-";
+
+/// The segment header, at the start of the mapping.
+#[repr(C)]
+pub(crate) struct Header {
+    pub(crate) magic: u64,
+    pub(crate) state: AtomicU32,
+    pub(crate) owner_pid: u32,
+    pub(crate) len_bytes: u64,
+    pub(crate) token: [u8; 16],
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
+
+/// A header at the start of a mapping of at least `HEADER_BYTES`.
+///
+/// The header is only read through this reference and written through its
+/// atomic; the plain fields are written once by the owner before any other
+/// process can learn where the segment is.
+pub(crate) fn header_of(map: &MmapRaw) -> &Header {
+    assert!(map.len() >= HEADER_BYTES, "mapping shorter than a header");
+    // SAFETY: the mapping is at least one page long and page-aligned, so it
+    // holds a properly aligned `Header` (repr(C), all fields valid for any
+    // bit pattern); it lives as long as `map`, which the returned reference
+    // borrows. Fields other than `state` are never written after the owner
+    // initialises them; `state` is an atomic, so concurrent stores from the
+    // owner process are not data races.
+    unsafe { &*map.as_ptr().cast::<Header>() }
+}
+
+/// An allocated segment: the memfd, its mapping and its identity.
+pub(crate) struct Region {
+    file: File,
+    map: MmapRaw,
+    len_bytes: usize,
+    token: Token,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("fd", &self.file.as_raw_fd())
+            .field("len_bytes", &self.len_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Region {
+    fn allocate(len_bytes: usize) -> Result<Self, Error> {
+        if len_bytes == 0 || len_bytes as u64 > MAX_BUFFER_BYTES {
+            return Err(Error::Length {
+                len_bytes: len_bytes as u64,
+                max_bytes: MAX_BUFFER_BYTES,
+            });
+        }
+        let pid = std::process::id();
+        let fd = rustix::fs::memfd_create(
+            format!("{MEMFD_NAME_PREFIX}{pid}"),
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(|e| Error::memory("memfd_create")(e.into()))?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o600))
+            .map_err(|e| Error::memory("fchmod 0600")(e.into()))?;
+        let total = (HEADER_BYTES + len_bytes) as u64;
+        rustix::fs::ftruncate(&fd, total).map_err(|e| Error::memory("ftruncate")(e.into()))?;
+        // Reserve the pages now: a full tmpfs fails here with ENOSPC rather
+        // than later with SIGBUS on first touch.
+        rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, total)
+            .map_err(|e| Error::memory("fallocate")(e.into()))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(|e| Error::memory("seal the memfd")(e.into()))?;
+        let file = File::from(fd);
+        // Populated: page tables are filled now, so the first transfer runs
+        // at copy speed rather than at first-touch speed.
+        let map = MmapOptions::new()
+            .len(HEADER_BYTES + len_bytes)
+            .populate()
+            .map_raw(&file)
+            .map_err(Error::memory("map the memfd"))?;
+        let token = Token::random()?;
+        // SAFETY: the mapping is fresh, page-aligned and at least one page
+        // long; no other process knows of it yet (no handle exists), so this
+        // thread writes the header alone.
+        unsafe {
+            map.as_mut_ptr().cast::<Header>().write(Header {
+                magic: MAGIC,
+                state: AtomicU32::new(STATE_ALLOCATED),
+                owner_pid: pid,
+                len_bytes: len_bytes as u64,
+                token: token.0,
+            });
+        }
+        Ok(Self {
+            file,
+            map,
+            len_bytes,
+            token,
+        })
+    }
+
+    pub(crate) fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+
+    pub(crate) fn token(&self) -> Token {
+        self.token
+    }
+
+    pub(crate) fn fd(&self) -> u32 {
+        self.file.as_fd().as_raw_fd() as u32
+    }
+
+    /// The first byte of the data (after the header page).
+    pub(crate) fn data_ptr(&self) -> *mut u8 {
+        // SAFETY: the mapping is `HEADER_BYTES + len_bytes` long, so the
+        // offset stays inside it.
+        unsafe { self.map.as_mut_ptr().add(HEADER_BYTES) }
+    }
+
+    pub(crate) fn set_state(&self, state: u32) {
+        header_of(&self.map).state.store(state, Ordering::SeqCst);
+    }
+
+    /// Copies `dst.len()` bytes from `offset` out of the data.
+    pub(crate) fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(dst.len())
+                .is_some_and(|e| e <= self.len_bytes),
+            "copy_out range checked by the caller"
+        );
+        // SAFETY: the range lies inside the data (asserted); `dst` is a
+        // distinct allocation or another mapping, so they do not overlap.
+        // Concurrent writes to the same bytes by a peer are a contract
+        // violation of the application (SEMANTICS.md), as with RDMA; the
+        // bytes are plain `u8`, valid for any value.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.data_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+        }
+    }
+
+    /// Copies `src` into the data at `offset`.
+    pub(crate) fn copy_in(&self, offset: usize, src: &[u8]) {
+        assert!(
+            offset
+                .checked_add(src.len())
+                .is_some_and(|e| e <= self.len_bytes),
+            "copy_in range checked by the caller"
+        );
+        // SAFETY: as in `copy_out`, with the roles of the two sides swapped.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.data_ptr().add(offset), src.len())
+        }
+    }
+
+    /// The data as a slice, for the owner.
+    ///
+    /// # Safety
+    /// The caller keeps the contract of registered memory: no peer writes
+    /// the bytes while the slice is in use (`SEMANTICS.md`).
+    pub(crate) unsafe fn data(&self) -> &[u8] {
+        // SAFETY: the data is `len_bytes` long, mapped for as long as
+        // `self`; the caller vouches that nothing writes it meanwhile.
+        unsafe { std::slice::from_raw_parts(self.data_ptr(), self.len_bytes) }
+    }
+
+    /// The data as a mutable slice, for the owner.
+    ///
+    /// # Safety
+    /// As [`Self::data`], and no other reference to the data exists.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn data_mut(&self) -> &mut [u8] {
+        // SAFETY: as in `data`; the caller guarantees exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.data_ptr(), self.len_bytes) }
+    }
+}
+
+/// Memory that can be registered: a shared-memory segment of a given
+/// length, zeroed, its pages allocated and mapped (no first-touch cost
+/// later). Only memory made here can be registered, because the shm
+/// backend needs it to live in a memfd that peers can map.
+#[derive(Debug)]
+pub struct Memory {
+    pub(crate) region: Region,
+}
+
+impl Memory {
+    /// Allocates `len_bytes` (1 byte to [`MAX_BUFFER_BYTES`]) of zeroed
+    /// shared memory.
+    pub fn allocate(len_bytes: usize) -> Result<Self, Error> {
+        Ok(Self {
+            region: Region::allocate(len_bytes)?,
+        })
+    }
+
+    /// Allocates memory holding a copy of `bytes`.
+    pub fn copy_from(bytes: &[u8]) -> Result<Self, Error> {
+        let m = Self::allocate(bytes.len())?;
+        m.region.copy_in(0, bytes);
+        Ok(m)
+    }
+}
+
+impl std::ops::Deref for Memory {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: unregistered memory has no handle, so no peer writes it;
+        // `&self` excludes writers in this process.
+        unsafe { self.region.data() }
+    }
+}
+
+impl std::ops::DerefMut for Memory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only
+        // reference.
+        unsafe { self.region.data_mut() }
+    }
+}

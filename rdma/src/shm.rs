@@ -1,0 +1,273 @@
+//! The shm backend, reader side: a peer on the same host maps the owner's
+//! memfd and copies with the CPU; the owner's threads do nothing.
+//!
+//! A handle names the memfd by the owner's pid and descriptor number. The
+//! reader first opens a pidfd of the owner, then opens
+//! `/proc/<pid>/fd/<fd>` (the kernel allows this to processes that may
+//! ptrace-read the owner: the same user, and the memfd's mode is 0600),
+//! checks that it is a sealed memfd of the right size whose header carries
+//! the handle's 128-bit token and the registered state, and maps it. The
+//! pidfd, opened before the memfd, pins the identity: a reused pid cannot
+//! hold the token.
+//!
+//! Liveness: every chunk of a copy (8 MiB by default) checks the header's
+//! state word (the owner sets it to released before freeing) and polls the
+//! pidfd (readable once the owner has exited); the copy fails with
+//! [`Error::Released`] or [`Error::OwnerDied`]. A sweeper unmaps segments
+//! whose owner died or released them, so a dead owner's memory is freed
+//! even if no operation touches it again.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use memmap2::{MmapOptions, MmapRaw};
+use regent_net::ProcId;
+use rustix::event::{PollFd, PollFlags};
+use rustix::fs::{Mode, OFlags, SealFlags};
+use rustix::process::{Pid, PidfdFlags};
+
+use crate::error::Error;
+use crate::handle::{BufferId, RemoteBuffer, Token};
+use crate::memory::{HEADER_BYTES, Header, MAGIC, STATE_REGISTERED, STATE_RELEASED, header_of};
+
+/// Whether the process behind `pidfd` has exited.
+pub(crate) fn exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match rustix::event::poll(&mut fds, Some(&zero)) {
+        Ok(n) => n > 0,
+        // A pidfd that cannot be polled is no proof of life.
+        Err(_) => true,
+    }
+}
+
+/// Another proc's segment, mapped here.
+pub(crate) struct PeerSegment {
+    owner: ProcId,
+    buffer: BufferId,
+    pidfd: OwnedFd,
+    header: MmapRaw,
+    data: MmapRaw,
+    len_bytes: usize,
+}
+
+impl PeerSegment {
+    /// Opens and checks the segment that `remote` names.
+    pub(crate) fn open(remote: &RemoteBuffer) -> Result<Self, Error> {
+        let owner = remote.owner().clone();
+        let buffer = remote.id();
+        let shm_err = |reason: String| Error::Shm {
+            owner: owner.clone(),
+            buffer,
+            reason,
+        };
+        let died = || Error::OwnerDied {
+            owner: owner.clone(),
+            buffer,
+        };
+        let desc = remote
+            .shm()
+            .ok_or_else(|| shm_err("the handle has no shm descriptor".into()))?;
+        let len_bytes = usize::try_from(remote.len_bytes())
+            .map_err(|_| shm_err("length does not fit this machine".into()))?;
+        let pid = Pid::from_raw(desc.pid as i32).ok_or_else(|| shm_err("pid 0".into()))?;
+        let pidfd = match rustix::process::pidfd_open(pid, PidfdFlags::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::SRCH) => return Err(died()),
+            Err(e) => return Err(shm_err(format!("pidfd_open({}): {e}", desc.pid))),
+        };
+        let path = format!("/proc/{}/fd/{}", desc.pid, desc.fd);
+        let fd = match rustix::fs::open(&path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(_) if exited(&pidfd) => return Err(died()),
+            // The owner closed the descriptor: it released the buffer.
+            Err(rustix::io::Errno::NOENT) => {
+                return Err(Error::Released { owner, buffer });
+            }
+            Err(e) => return Err(shm_err(format!("open {path}: {e}"))),
+        };
+        // From here on, a descriptor that is not our segment (not a sealed
+        // memfd, another size, another token) means the owner closed the
+        // one of the handle and the number was reused: released.
+        let released = || Error::Released {
+            owner: owner.clone(),
+            buffer,
+        };
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|_| released())?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(released());
+        }
+        let stat = rustix::fs::fstat(&fd).map_err(|e| shm_err(format!("fstat: {e}")))?;
+        if (stat.st_size as u64) < HEADER_BYTES as u64 {
+            return Err(released());
+        }
+        let file = File::from(fd);
+        let header = MmapOptions::new()
+            .len(HEADER_BYTES)
+            .map_raw_read_only(&file)
+            .map_err(|e| shm_err(format!("map header: {e}")))?;
+        let h: &Header = header_of(&header);
+        if h.magic != MAGIC || h.owner_pid != desc.pid || Token(h.token) != remote.token() {
+            return Err(released());
+        }
+        // The right segment, but the handle lies about its length.
+        let total = HEADER_BYTES as u64 + remote.len_bytes();
+        if h.len_bytes != remote.len_bytes() || stat.st_size as u64 != total {
+            return Err(shm_err(format!(
+                "the handle says {} bytes, the segment holds {}",
+                remote.len_bytes(),
+                h.len_bytes
+            )));
+        }
+        let data = MmapOptions::new()
+            .offset(HEADER_BYTES as u64)
+            .len(len_bytes)
+            .populate()
+            .map_raw(&file)
+            .map_err(|e| shm_err(format!("map data: {e}")))?;
+        let segment = Self {
+            owner,
+            buffer,
+            pidfd,
+            header,
+            data,
+            len_bytes,
+        };
+        segment.check()?;
+        Ok(segment)
+    }
+
+    /// Fails if the owner released the buffer or died.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let state = header_of(&self.header).state.load(Ordering::SeqCst);
+        if state == STATE_RELEASED || state != STATE_REGISTERED {
+            return Err(Error::Released {
+                owner: self.owner.clone(),
+                buffer: self.buffer,
+            });
+        }
+        if exited(&self.pidfd) {
+            return Err(Error::OwnerDied {
+                owner: self.owner.clone(),
+                buffer: self.buffer,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes from `offset` (range checked by the caller
+    /// against the handle, which matches the mapping).
+    pub(crate) fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(dst.len())
+                .is_some_and(|e| e <= self.len_bytes),
+            "shm read range checked by the caller"
+        );
+        // SAFETY: the source range lies inside the data mapping (asserted),
+        // which lives as long as `self`; `dst` is memory of this process
+        // that cannot overlap another process's segment mapped here (the
+        // reader's own buffers are separate mappings). Concurrent writes to
+        // the same bytes by someone else are a contract violation of the
+        // application (SEMANTICS.md), and `u8` is valid for any value.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.data.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        }
+    }
+
+    /// Copies `src` to `offset`.
+    pub(crate) fn copy_in(&self, offset: usize, src: &[u8]) {
+        assert!(
+            offset
+                .checked_add(src.len())
+                .is_some_and(|e| e <= self.len_bytes),
+            "shm write range checked by the caller"
+        );
+        // SAFETY: as in `copy_out`, with source and destination swapped; the
+        // data mapping is writable (shared, read-write).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.data.as_mut_ptr().add(offset),
+                src.len(),
+            )
+        }
+    }
+}
+
+/// The key of a mapped segment: its owner, buffer and token (a handle with
+/// another token names another segment).
+type SegmentKey = (ProcId, BufferId, [u8; 16]);
+
+/// Segments of other procs mapped by this one, bounded.
+pub(crate) struct PeerSegments {
+    map: Mutex<HashMap<SegmentKey, Arc<PeerSegment>>>,
+    max_entries: usize,
+}
+
+impl PeerSegments {
+    pub(crate) fn new(max_entries: usize) -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+            max_entries,
+        }
+    }
+
+    fn key(remote: &RemoteBuffer) -> SegmentKey {
+        (remote.owner().clone(), remote.id(), remote.token().0)
+    }
+
+    /// The mapped segment of `remote`, opened on first use.
+    pub(crate) fn get(&self, remote: &RemoteBuffer) -> Result<Arc<PeerSegment>, Error> {
+        let key = Self::key(remote);
+        if let Some(s) = self.lock().get(&key) {
+            return Ok(s.clone());
+        }
+        // Opened outside the lock: mapping a large segment takes a while.
+        let segment = Arc::new(PeerSegment::open(remote)?);
+        let mut map = self.lock();
+        if map.len() >= self.max_entries {
+            // Bounded: drop an arbitrary mapping (in-flight operations keep
+            // theirs alive through their `Arc`).
+            if let Some(k) = map.keys().next().cloned() {
+                map.remove(&k);
+            }
+        }
+        Ok(map.entry(key).or_insert(segment).clone())
+    }
+
+    /// Forgets the mapping of `remote` (after it failed).
+    pub(crate) fn forget(&self, remote: &RemoteBuffer) {
+        self.lock().remove(&Self::key(remote));
+    }
+
+    /// Unmaps every segment whose owner released it or died; returns how
+    /// many.
+    pub(crate) fn sweep(&self) -> usize {
+        let mut map = self.lock();
+        let before = map.len();
+        map.retain(|_, s| s.check().is_ok());
+        before - map.len()
+    }
+
+    /// How many segments are mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SegmentKey, Arc<PeerSegment>>> {
+        // A panic while holding this lock leaves the map consistent (every
+        // operation on it is a single insert, remove or retain).
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
