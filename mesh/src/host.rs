@@ -9,7 +9,9 @@
 //!   [`HostAgent`] on its own endpoint that serves owners' requests over QUIC
 //!   (mutual TLS: any proc with a certificate of the cluster CA may be an
 //!   owner, and controls only its own procs) and pushes ready and exit
-//!   events back to them.
+//!   events back to them. An owner names the program its procs run (a path
+//!   on the host), so a certificate of the cluster CA is the authority to
+//!   run programs as the agent's user: guard the CA key accordingly.
 //! - [`wire`] is the protocol between procs, owners and host agents.
 //!
 //! What a host agent guarantees:

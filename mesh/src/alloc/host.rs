@@ -266,6 +266,11 @@ impl HostAllocator {
     /// host agents. Fails if the stream was taken already (then call
     /// [`Self::handle_transport_event`] from its holder).
     pub fn watch_transport_events(self) -> Result<Self, AllocError> {
+        self.watch_events()?;
+        Ok(self)
+    }
+
+    pub(crate) fn watch_events(&self) -> Result<(), AllocError> {
         let mut events = self
             .shared
             .endpoint
@@ -281,7 +286,7 @@ impl HostAllocator {
             }
         });
         lock(&self.tasks).push(task.abort_handle());
-        Ok(self)
+        Ok(())
     }
 
     /// Reacts to a transport event: a failed or closed link to a host agent,

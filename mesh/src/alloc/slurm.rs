@@ -362,6 +362,19 @@ impl SlurmAllocator {
         }
     }
 
+    /// Takes the endpoint's transport event stream and watches it for lost
+    /// host agents (see [`HostAllocator::watch_transport_events`]).
+    pub fn watch_transport_events(self) -> Result<Self, AllocError> {
+        self.hosts.watch_events()?;
+        Ok(self)
+    }
+
+    /// Reacts to a transport event (see
+    /// [`HostAllocator::handle_transport_event`]).
+    pub fn handle_transport_event(&self, event: &regent_net::TransportEvent) {
+        self.hosts.handle_transport_event(event);
+    }
+
     /// The placement over the announced agents.
     pub fn hosts(&self) -> &HostAllocator {
         &self.hosts
