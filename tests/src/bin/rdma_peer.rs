@@ -1,0 +1,125 @@
+//! A proc for the two-process suite of `regent-rdma` (`tests/tests/rdma.rs`):
+//! it starts a buffer manager with credentials from files and owns buffers
+//! that the test reads and writes one-sidedly.
+//!
+//! Standard output carries `READY <pid>` once started. Standard input takes
+//! commands, each answered on one line:
+//!
+//! - `alloc <len> <seed>`: registers `len` bytes filled with the pattern of
+//!   `seed` (see [`fill`]); answers `HANDLE <id> <hex of the encoded handle>`.
+//! - `release <id>`: releases the buffer; answers `RELEASED <id>`.
+//! - `check <id> <seed>`: compares the buffer with the pattern of `seed`;
+//!   answers `SAME` or `DIFFERENT <first differing offset>`.
+//!
+//! Arguments: `--proc NAME --cert FILE --key FILE --ca FILE`.
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+
+use regent_net::{ProcCredentials, ProcId};
+use regent_rdma::{BufferManager, LocalBuffer, ManagerConfig, Memory};
+use tokio::io::AsyncBufReadExt as _;
+
+/// Bytes of the repeated base block of a pattern.
+const BLOCK_BYTES: usize = 64 << 10;
+
+/// Fills `buf` with the pattern of `seed`: a 64 KiB block of pseudo-random
+/// bytes repeated, each block starting with its own index, so that a chunk
+/// landing at the wrong offset is seen. Cheap even in debug builds (block
+/// copies). The same definition is in `tests/rdma.rs`.
+fn fill(buf: &mut [u8], seed: u64) {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let head = buf.len().min(BLOCK_BYTES);
+    for b in &mut buf[..head] {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut done = head;
+    while done < buf.len() {
+        let n = done.min(buf.len() - done);
+        buf.copy_within(..n, done);
+        done += n;
+    }
+    for (k, block) in buf.chunks_mut(BLOCK_BYTES).enumerate() {
+        let tag = (k as u64 ^ seed).to_le_bytes();
+        let n = block.len().min(8);
+        block[..n].copy_from_slice(&tag[..n]);
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut args: HashMap<String, String> = HashMap::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        args.insert(flag.trim_start_matches("--").to_owned(), value);
+    }
+    let arg = |k: &str| args.get(k).cloned().ok_or(format!("--{k} is required"));
+    let proc = ProcId::new(&arg("proc")?)?;
+    let creds = ProcCredentials::from_pem(
+        proc,
+        &std::fs::read_to_string(arg("cert")?)?,
+        &std::fs::read_to_string(arg("key")?)?,
+        &std::fs::read_to_string(arg("ca")?)?,
+    )?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(creds))
+}
+
+async fn serve(creds: ProcCredentials) -> Result<(), Box<dyn std::error::Error>> {
+    let manager = BufferManager::start(ManagerConfig::default(), creds).await?;
+    println!("READY {}", std::process::id());
+    let mut buffers: HashMap<u64, LocalBuffer> = HashMap::new();
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    while let Some(line) = lines.next_line().await? {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["alloc", len, seed] => {
+                let mut memory = Memory::allocate(len.parse()?)?;
+                fill(&mut memory, seed.parse()?);
+                let buffer = manager.register(memory)?;
+                let id = buffer.id().0;
+                println!("HANDLE {id} {}", hex(&buffer.handle().encode()));
+                buffers.insert(id, buffer);
+            }
+            ["release", id] => {
+                let id: u64 = id.parse()?;
+                if let Some(b) = buffers.remove(&id) {
+                    manager.release(b);
+                }
+                println!("RELEASED {id}");
+            }
+            ["check", id, seed] => {
+                let b = buffers.get(&id.parse()?).ok_or("no such buffer")?;
+                let mut expect = vec![0u8; b.len()];
+                fill(&mut expect, seed.parse()?);
+                if b[..] == expect[..] {
+                    println!("SAME");
+                } else {
+                    let at = b.iter().zip(&expect).position(|(x, y)| x != y).unwrap_or(0);
+                    println!("DIFFERENT {at}");
+                }
+            }
+            [] => {}
+            other => println!("ERROR unknown command {other:?}"),
+        }
+    }
+    Ok(())
+}
