@@ -19,6 +19,7 @@
 pub mod actor;
 pub mod alloc;
 pub mod boot;
+mod bootstrap;
 pub mod host;
 pub mod inproc;
 mod node;
@@ -36,6 +37,9 @@ pub mod tree;
 pub use inventory;
 
 pub use actor::{ActorError, Member, MemberError, MeshActor};
+pub use bootstrap::{
+    EXIT_BOOT_FAILED, EXIT_ENDPOINT_CLOSED, EXIT_LEASE_LAPSED, EXIT_REQUESTED, bootstrap,
+};
 pub use policy::{Decision, FailureCause, MeshFailure, MeshPolicy};
 pub use registry::{Max, Min, Reducer, Sum};
 pub use runtime::{

@@ -90,9 +90,14 @@ enum CaCommand {
 enum Suite {
     Supervision,
     Net,
+    Mesh,
+    Recovery,
 }
 
 fn main() -> anyhow::Result<()> {
+    // When a host agent started this binary as a proc or host agent, that
+    // role runs here and the process exits; the controller continues.
+    regent_mesh::bootstrap();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -113,6 +118,8 @@ fn main() -> anyhow::Result<()> {
                 match suite {
                     Suite::Supervision => bench::supervision::run(opts, &mut report).await,
                     Suite::Net => bench::net::run(opts, &mut report).await,
+                    Suite::Mesh => bench::mesh::run(opts, &mut report).await,
+                    Suite::Recovery => bench::recovery::run(opts, &mut report).await,
                 }
             })?;
             if let Some(path) = json {

@@ -1,3 +1,6 @@
 //! End-to-end and chaos suites of regent. The suites are the test binaries
 //! under `tests/tests/`; this library holds what they share.
 #![forbid(unsafe_code)]
+
+pub mod mesh_actors;
+pub mod process;

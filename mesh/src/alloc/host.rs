@@ -809,4 +809,7 @@ impl Allocator for HostAllocator {
     fn take_events(&self) -> Option<mpsc::Receiver<ProcEvent>> {
         self.shared.tracker.take_events()
     }
+    fn transport_event(&self, event: &regent_net::TransportEvent) {
+        self.handle_transport_event(event);
+    }
 }

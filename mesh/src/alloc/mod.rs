@@ -206,4 +206,12 @@ pub trait Allocator: Send + Sync + 'static {
     /// The stream of proc events (exits, lost hosts) of every proc this
     /// allocator started. Can be taken once.
     fn take_events(&self) -> Option<tokio::sync::mpsc::Receiver<ProcEvent>>;
+
+    /// A control-plane event of the endpoint the allocator shares with its
+    /// owner (the owner holds the endpoint's event stream and passes every
+    /// event on), so that allocators that talk to remote host agents notice
+    /// a lost host. The default ignores it.
+    fn transport_event(&self, event: &regent_net::TransportEvent) {
+        let _ = event;
+    }
 }

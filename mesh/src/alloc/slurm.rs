@@ -486,4 +486,7 @@ impl Allocator for SlurmAllocator {
     fn take_events(&self) -> Option<mpsc::Receiver<ProcEvent>> {
         self.hosts.take_events()
     }
+    fn transport_event(&self, event: &regent_net::TransportEvent) {
+        self.handle_transport_event(event);
+    }
 }

@@ -189,8 +189,9 @@ struct Inner {
     leased: Mutex<HashSet<ProcId>>,
     /// Procs given up on (dead, or unreachable: zombies if they come back).
     abandoned: Mutex<HashSet<ProcId>>,
-    /// Allocators whose events are already being routed (by address).
-    hooked: Mutex<HashSet<usize>>,
+    /// Allocators whose events are already being routed (by address), which
+    /// also see every transport event.
+    hooked: Mutex<HashMap<usize, Arc<dyn Allocator>>>,
     /// A failure that escalated past every owner: the job has stopped.
     job: watch::Sender<Option<MeshFailure>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -252,7 +253,7 @@ impl Runtime {
                 meshes: Mutex::new(HashMap::new()),
                 leased: Mutex::new(HashSet::new()),
                 abandoned: Mutex::new(HashSet::new()),
-                hooked: Mutex::new(HashSet::new()),
+                hooked: Mutex::new(HashMap::new()),
                 job,
                 tasks: Mutex::new(Vec::new()),
             }),
@@ -363,7 +364,14 @@ impl Runtime {
     /// Routes an allocator's proc events to the meshes, once per allocator.
     fn hook_allocator(&self, allocator: &Arc<dyn Allocator>) {
         let key = Arc::as_ptr(allocator) as *const () as usize;
-        if !self.inner.hooked.lock().expect("hooked lock").insert(key) {
+        let first = self
+            .inner
+            .hooked
+            .lock()
+            .expect("hooked lock")
+            .insert(key, allocator.clone())
+            .is_none();
+        if !first {
             return;
         }
         if let Some(events) = allocator.take_events() {
@@ -546,6 +554,16 @@ async fn route_transport_events(
 ) {
     while let Some(event) = events.recv().await {
         let Some(inner) = inner.upgrade() else { return };
+        let allocators: Vec<Arc<dyn Allocator>> = inner
+            .hooked
+            .lock()
+            .expect("hooked lock")
+            .values()
+            .cloned()
+            .collect();
+        for a in allocators {
+            a.transport_event(&event);
+        }
         let rt = Runtime { inner };
         match event {
             TransportEvent::LinkFailed { peer, cause, .. } => {

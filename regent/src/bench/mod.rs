@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub mod mesh;
 pub mod net;
+pub mod recovery;
 pub mod supervision;
 
 /// Options shared by every suite.

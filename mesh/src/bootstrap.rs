@@ -1,0 +1,82 @@
+//! `bootstrap()`: one binary, three roles.
+//!
+//! Call [`bootstrap`] first thing in `main`. In the controller it returns at
+//! once. A host agent starts the same binary as a proc (`REGENT_ROLE=proc`,
+//! boot on stdin) or as a host agent (`REGENT_ROLE=host`); then `bootstrap`
+//! runs that role and exits the process, never returning — so the user's
+//! mesh actor types, registered in this binary, exist in every proc.
+
+use crate::boot::{self, Role};
+use crate::proc::{self, ProcExit};
+
+/// The exit code of a proc stopped by its owner.
+pub const EXIT_REQUESTED: i32 = 0;
+/// The exit code of a proc whose owner's lease lapsed.
+pub const EXIT_LEASE_LAPSED: i32 = 3;
+/// The exit code of a proc whose endpoint closed.
+pub const EXIT_ENDPOINT_CLOSED: i32 = 4;
+/// The exit code of a proc or host that could not start.
+pub const EXIT_BOOT_FAILED: i32 = 70;
+
+/// Runs this process's role: returns in the controller; runs the proc
+/// runtime or host agent and exits the process otherwise.
+pub fn bootstrap() {
+    let role = match boot::try_role() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("regent: {e}");
+            std::process::exit(EXIT_BOOT_FAILED);
+        }
+    };
+    if role == Role::Controller {
+        return;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("regent: cannot start the async runtime: {e}");
+            std::process::exit(EXIT_BOOT_FAILED);
+        }
+    };
+    let code = runtime.block_on(async {
+        match role {
+            Role::Proc => run_proc().await,
+            Role::Host => match crate::host::run_from_args(std::env::args().skip(1)).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("regent host: {e}");
+                    EXIT_BOOT_FAILED
+                }
+            },
+            Role::Controller => unreachable!("returned above"),
+        }
+    });
+    // Members and tasks still running are abandoned on purpose: the proc is
+    // done.
+    runtime.shutdown_background();
+    std::process::exit(code);
+}
+
+async fn run_proc() -> i32 {
+    let start = match boot::start_proc().await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("regent proc: {e}");
+            return EXIT_BOOT_FAILED;
+        }
+    };
+    let lease = start.boot.owner_lease;
+    let ready = async { start.report_ready().await.map_err(|e| e.to_string()) };
+    match proc::serve(start.endpoint.clone(), lease, ready).await {
+        Ok(ProcExit::Requested) => EXIT_REQUESTED,
+        Ok(ProcExit::LeaseLapsed) => EXIT_LEASE_LAPSED,
+        Ok(ProcExit::EndpointClosed) => EXIT_ENDPOINT_CLOSED,
+        Err(e) => {
+            eprintln!("regent proc {}: {e}", start.boot.proc);
+            EXIT_BOOT_FAILED
+        }
+    }
+}

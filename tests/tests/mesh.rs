@@ -1,0 +1,352 @@
+//! Meshes of real proc processes (`mesh_proc`, started by the
+//! `LocalAllocator`'s host agent): casts and calls, and supervision under
+//! real faults — SIGKILL under each policy, SIGSTOP past the failure timeout
+//! then SIGCONT (the zombie is fenced and told to exit), a panic inside an
+//! actor, a crash loop at start that exhausts the intensity, and escalation
+//! through a three-level tree. Every test checks that no proc it started
+//! outlives it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use regent_mesh::alloc::LocalAllocator;
+use regent_mesh::alloc::{Allocator, ProcSignal};
+use regent_mesh::{
+    ActorMesh, Decision, FailureCause, MeshPolicy, MeshStatus, ProcMesh, Rank, Runtime,
+    RuntimeConfig, Selection, Shape, SpawnOptions,
+};
+use regent_net::EndpointConfig;
+use regent_tests::mesh_actors::{Op, Reply, Worker, WorkerArgs};
+use regent_tests::process::{KillOnDrop, alive, wait_gone};
+
+/// Generous: CI has two shared cores.
+const DEADLINE: Duration = Duration::from_secs(30);
+const LEASE: Duration = Duration::from_secs(3);
+
+struct Cluster {
+    rt: Runtime,
+    alloc: Arc<LocalAllocator>,
+    procs: ProcMesh,
+    guard: KillOnDrop,
+}
+
+impl Cluster {
+    async fn start(procs: usize) -> Self {
+        let config = RuntimeConfig::default()
+            .owner_lease(LEASE)
+            .call_timeout(Duration::from_secs(10))
+            .endpoint(EndpointConfig::default());
+        let rt = Runtime::start(config).await.unwrap();
+        let alloc = Arc::new(
+            LocalAllocator::new(rt.endpoint().clone())
+                .unwrap()
+                .program(env!("CARGO_BIN_EXE_mesh_proc")),
+        );
+        let guard = KillOnDrop::default();
+        let pm = rt
+            .spawn_procs(alloc.clone(), Shape::new([("procs", procs)]).unwrap())
+            .await
+            .unwrap();
+        guard.watch(pm.procs().iter().map(|p| p.pid));
+        Self {
+            rt,
+            alloc,
+            procs: pm,
+            guard,
+        }
+    }
+
+    async fn spawn(&self, name: &str, per_proc: u32, options: SpawnOptions) -> ActorMesh<Worker> {
+        self.procs
+            .spawn_with::<Worker>(name, per_proc, &WorkerArgs::default(), options)
+            .await
+            .unwrap()
+    }
+
+    fn pid_of(&self, mesh: &ActorMesh<Worker>, proc_rank: usize) -> u32 {
+        let proc = &mesh.procs()[proc_rank].proc;
+        self.procs
+            .all_procs()
+            .iter()
+            .find(|p| &p.proc == proc)
+            .map(|p| p.pid)
+            .unwrap()
+    }
+
+    /// Stops every proc and checks that none outlives the test.
+    async fn finish(self) {
+        let pids: Vec<u32> = self.procs.all_procs().iter().map(|p| p.pid).collect();
+        self.guard.watch(pids.iter().copied());
+        self.procs.stop(Duration::from_secs(2)).await.unwrap();
+        let left = wait_gone(&self.guard.pids(), DEADLINE);
+        assert!(left.is_empty(), "procs outlived the test: {left:?}");
+    }
+}
+
+async fn whoami(mesh: &ActorMesh<Worker>) -> Vec<(u32, u64, u32)> {
+    let vm = mesh.call(&Selection::All, &Op::Whoami).await.unwrap();
+    let values = vm.into_result().unwrap();
+    values
+        .into_iter()
+        .map(|(r, reply)| match reply {
+            Reply::Me {
+                rank,
+                generation,
+                pid,
+            } => {
+                assert_eq!(rank, r.0);
+                (rank, generation, pid)
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+async fn running_at(mesh: &ActorMesh<Worker>, generation: u64) {
+    mesh.wait_status(DEADLINE, |s| {
+        *s == MeshStatus::Running && mesh.generation().0 >= generation
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mesh_of_real_procs_casts_calls_and_reduces() {
+    let c = Cluster::start(2).await;
+    let mesh = c.spawn("w", 4, SpawnOptions::new()).await;
+    mesh.cast(&Selection::All, &Op::Bump).await.unwrap();
+    let who = whoami(&mesh).await;
+    assert_eq!(who.len(), 8);
+    let pids: std::collections::BTreeSet<u32> = who.iter().map(|(_, _, p)| *p).collect();
+    assert_eq!(pids.len(), 2, "two proc processes");
+    assert!(
+        !pids.contains(&std::process::id()),
+        "members are not in the test process"
+    );
+    c.finish().await;
+}
+
+/// SIGKILL of one member's proc under each policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_proc_under_each_policy() {
+    for decision in [
+        Decision::RestartMember,
+        Decision::RestartMesh,
+        Decision::Stop,
+        Decision::Escalate,
+    ] {
+        let c = Cluster::start(3).await;
+        let mesh = c
+            .spawn(
+                "w",
+                2,
+                SpawnOptions::new().policy(MeshPolicy::new(decision)),
+            )
+            .await;
+        let mut failures = mesh.failures();
+        let before = whoami(&mesh).await;
+        let victim = c.pid_of(&mesh, 1);
+        let t = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(victim as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let failure = tokio::time::timeout(DEADLINE, failures.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        println!(
+            "{decision:?}: SIGKILL reached the owner after {:?}",
+            t.elapsed()
+        );
+        assert_eq!(failure.ranks, vec![Rank(2), Rank(3)]);
+        assert!(
+            matches!(
+                failure.cause,
+                FailureCause::ProcExited {
+                    status: regent_mesh::alloc::ProcStatus::Signal(9),
+                    ..
+                }
+            ),
+            "{failure}"
+        );
+        match decision {
+            Decision::RestartMember => {
+                running_at(&mesh, 1).await;
+                let after = whoami(&mesh).await;
+                for ((r, g0, p0), (_, g1, p1)) in before.iter().zip(&after) {
+                    if *r == 2 || *r == 3 {
+                        assert_eq!(*g1, 1, "rank {r} respawned in generation 1");
+                        assert_ne!(p0, p1, "rank {r} lives in a fresh proc");
+                    } else {
+                        assert_eq!((g0, p0), (g1, p1), "rank {r} untouched");
+                    }
+                }
+            }
+            Decision::RestartMesh => {
+                running_at(&mesh, 1).await;
+                let after = whoami(&mesh).await;
+                assert!(
+                    after.iter().all(|(_, g, _)| *g == 1),
+                    "every life is new: {after:?}"
+                );
+            }
+            Decision::Stop => {
+                let s = mesh
+                    .wait_status(DEADLINE, MeshStatus::is_done)
+                    .await
+                    .unwrap();
+                assert!(matches!(s, MeshStatus::Stopped(Some(_))), "{s:?}");
+            }
+            Decision::Escalate => {
+                let report = tokio::time::timeout(DEADLINE, c.rt.wait_job_failure())
+                    .await
+                    .unwrap();
+                assert_eq!(report.ranks, vec![Rank(2), Rank(3)]);
+                assert!(matches!(mesh.status(), MeshStatus::Escalated(_)));
+            }
+        }
+        c.finish().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_inside_an_actor_restarts_that_member() {
+    let c = Cluster::start(2).await;
+    let mesh = c.spawn("w", 2, SpawnOptions::new()).await;
+    let mut failures = mesh.failures();
+    let vm = mesh
+        .call(&"procs=1,actors=0".parse().unwrap(), &Op::Panic)
+        .await
+        .unwrap();
+    assert_eq!(vm.failed().len(), 1);
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&failure.cause, FailureCause::Actor { panicked: true, message } if message.contains("injected panic in rank 2")),
+        "{failure}"
+    );
+    running_at(&mesh, 1).await;
+    let who = whoami(&mesh).await;
+    assert_eq!(who[2].1, 1);
+    assert_eq!(who[2].2, who[3].2, "same proc: only the actor died");
+    c.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_at_start_exhausts_the_intensity_and_escalates() {
+    let c = Cluster::start(2).await;
+    let flag = std::env::temp_dir().join(format!("regent-crashloop-{}", std::process::id()));
+    let args = WorkerArgs {
+        fail_start_if: Some(flag.display().to_string()),
+    };
+    let policy = MeshPolicy::new(Decision::RestartMember).intensity(2, Duration::from_secs(60));
+    let mesh = c
+        .procs
+        .spawn_with::<Worker>("w", 1, &args, SpawnOptions::new().policy(policy))
+        .await
+        .unwrap();
+    std::fs::write(&flag, b"").unwrap();
+    let _ = mesh.call(&"procs=0".parse().unwrap(), &Op::Fail).await;
+    let report = tokio::time::timeout(DEADLINE, c.rt.wait_job_failure())
+        .await
+        .unwrap();
+    let _ = std::fs::remove_file(&flag);
+    println!("{report}");
+    assert!(matches!(&report.cause, FailureCause::StartFailed(m) if m.contains("exists")));
+    assert!(matches!(mesh.status(), MeshStatus::Escalated(_)));
+    c.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escalation_through_a_three_level_tree_reaches_the_root() {
+    let c = Cluster::start(2).await;
+    let escalate = || SpawnOptions::new().policy(MeshPolicy::new(Decision::Escalate));
+    let top = c.spawn("top", 1, escalate()).await;
+    let mid = c.spawn("mid", 1, escalate().owned_by(&top, Rank(0))).await;
+    let leaf = c.spawn("leaf", 1, escalate().owned_by(&mid, Rank(1))).await;
+    // The three meshes share procs, so a proc kill would reach each of them
+    // directly; a panic in one leaf member reaches only the leaf.
+    let _ = leaf.call(&"procs=1".parse().unwrap(), &Op::Panic).await;
+    let report = tokio::time::timeout(DEADLINE, c.rt.wait_job_failure())
+        .await
+        .unwrap();
+    println!("{report}");
+    let text = report.to_string();
+    assert!(
+        text.contains("mesh top") && text.contains("mesh mid") && text.contains("mesh leaf"),
+        "{text}"
+    );
+    assert!(
+        text.contains("injected panic in rank 1"),
+        "the chain names the cause: {text}"
+    );
+    for m in [&top, &mid, &leaf] {
+        assert!(m.status().is_done());
+    }
+    c.finish().await;
+}
+
+/// SIGSTOP a proc past the failure timeout: it is declared failed (link),
+/// its members are respawned on a fresh proc in a new generation; after
+/// SIGCONT the zombie is refused (its old generation is fenced out) and
+/// told to exit, and no two live members ever share a rank in one
+/// generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
+    let c = Cluster::start(3).await;
+    let mesh = c.spawn("w", 2, SpawnOptions::new()).await;
+    let mut failures = mesh.failures();
+    let zombie = c.pid_of(&mesh, 1);
+    let zombie_proc = mesh.procs()[1].proc.clone();
+    c.alloc
+        .signal(&zombie_proc, ProcSignal::Stop)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    println!("SIGSTOP detected after {:?}: {failure}", t.elapsed());
+    assert!(
+        matches!(failure.cause, FailureCause::LinkFailed { .. }),
+        "{failure}"
+    );
+    assert_eq!(failure.ranks, vec![Rank(2), Rank(3)]);
+    running_at(&mesh, 1).await;
+    let who = whoami(&mesh).await;
+    assert!(
+        who.iter().all(|(_, _, pid)| *pid != zombie),
+        "no answer from the zombie"
+    );
+    assert_eq!(who[2].1, 1);
+    // Wake the zombie: it is fenced, told to exit, and its lease has lapsed.
+    c.alloc
+        .signal(&zombie_proc, ProcSignal::Cont)
+        .await
+        .unwrap();
+    let left = wait_gone(&[zombie], DEADLINE);
+    assert!(left.is_empty(), "the zombie is still running");
+    // Its exit is a report about a replaced life: stale, no new restart.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        mesh.generation().0,
+        1,
+        "the zombie's exit caused no restart"
+    );
+    let again = whoami(&mesh).await;
+    assert_eq!(again, who);
+    let mut seen = std::collections::HashSet::new();
+    for (rank, generation, _) in &again {
+        assert!(
+            seen.insert((rank, generation)),
+            "two lives of rank {rank} in generation {generation}"
+        );
+    }
+    assert!(alive(c.pid_of(&mesh, 1)));
+    c.finish().await;
+}
