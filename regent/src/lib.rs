@@ -4,6 +4,9 @@
 //! This facade re-exports the public API of the workspace's crates.
 #![forbid(unsafe_code)]
 
+pub use regent_mesh as mesh;
+pub use regent_mesh::bootstrap;
+pub use regent_net as net;
 pub use regent_supervisor as supervisor;
 
 pub mod bench;

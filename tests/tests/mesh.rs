@@ -350,3 +350,69 @@ async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
     assert!(alive(c.pid_of(&mesh, 1)));
     c.finish().await;
 }
+
+/// Starts `mesh_controller` and reads the pids of the procs it started.
+fn start_controller(guard: &KillOnDrop) -> (std::process::Child, Vec<u32>) {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mesh_controller"))
+        .arg(env!("CARGO_BIN_EXE_mesh_proc"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    guard.watch([child.id()]);
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    let pids: Vec<u32> = line
+        .trim()
+        .strip_prefix("PIDS ")
+        .unwrap_or_else(|| panic!("unexpected controller output {line:?}"))
+        .split(',')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    guard.watch(pids.iter().copied());
+    assert_eq!(pids.len(), 3);
+    assert!(pids.iter().all(|p| alive(*p)));
+    (child, pids)
+}
+
+/// The owner dies: its procs (children of its in-process host agent) die
+/// with it at once, by their parent-death signal.
+#[test]
+fn procs_do_not_outlive_a_killed_owner() {
+    let guard = KillOnDrop::default();
+    let (mut controller, pids) = start_controller(&guard);
+    let t = Instant::now();
+    controller.kill().unwrap();
+    controller.wait().unwrap();
+    let left = wait_gone(&pids, DEADLINE);
+    assert!(left.is_empty(), "orphans: {left:?}");
+    println!("procs gone {:?} after their owner's SIGKILL", t.elapsed());
+}
+
+/// The owner is alive but silent (paused): it no longer renews its lease, so
+/// its procs stop themselves once the lease (2 s) lapses.
+#[test]
+fn procs_stop_themselves_when_their_owners_lease_lapses() {
+    let guard = KillOnDrop::default();
+    let (mut controller, pids) = start_controller(&guard);
+    let pid = nix::unistd::Pid::from_raw(controller.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let t = Instant::now();
+    let left = wait_gone(&pids, DEADLINE);
+    let waited = t.elapsed();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    controller.kill().unwrap();
+    controller.wait().unwrap();
+    assert!(
+        left.is_empty(),
+        "procs outlived their owner's lease: {left:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(1000),
+        "procs stopped before the lease could lapse ({waited:?})"
+    );
+    println!("procs stopped themselves {waited:?} after their owner fell silent (lease 2 s)");
+}
