@@ -1,19 +1,24 @@
-//! Meshes: shapes and selections, procs and allocators, actor meshes with cast
-//! trees and reducers, and mesh-granular supervision.
+//! Meshes: one controller drives meshes of procs and actors over many
+//! machines as if they were one.
 //!
-//! Built so far: the pure geometry of meshes, with no I/O.
+//! - [`shape`], [`selection`]: the pure geometry of meshes — named
+//!   dimensions, strided views, and the selection algebra with its text
+//!   syntax (`hosts=0..2,gpus=*`).
+//! - [`boot`], [`host`], [`alloc`]: one binary, three roles
+//!   ([`bootstrap`]); host agents that start procs and report their exits at
+//!   once; the local, host and Slurm allocators.
+//! - [`runtime`]: the controller — [`Runtime`], [`ProcMesh`],
+//!   [`ActorMesh`] with casts, calls and reductions through cast trees of
+//!   bounded fan-out ([`tree`], `node`), and the supervisor of each mesh.
+//! - [`proc`]: the proc runtime: members under an OTP supervisor, tree
+//!   forwarding, generations.
+//! - [`policy`]: mesh-granular supervision decisions as a pure machine.
+//! - [`actor`], [`registry`]: [`MeshActor`], registered by name, and
+//!   reducers.
+//! - [`inproc`], [`sim`]: procs as tasks of one process (real QUIC), and a
+//!   socket-free simulation of meshes of 100,000 members.
 //!
-//! - [`shape`]: a [`Shape`] of named dimensions (`{hosts=4, gpus=8}`) over a
-//!   strided [`Slice`] of a flat rank space; points, ranks, and slicing into
-//!   cheap views that copy no member.
-//! - [`selection`]: the [`Selection`] algebra (`*`, `none`, `first`, `any`,
-//!   ranges with steps, constraints on named dimensions, `|`, `&`) with a text
-//!   syntax that parses and prints (`hosts=0..2,gpus=*`), evaluated to ranks,
-//!   also within a sub-view as a cast tree needs.
-//!
-//! The rest (procs, allocators, actor meshes) is being built (see
-//! `ARCHITECTURE.md`). The semantics of shapes and selections are in
-//! `mesh/SHAPES.md`.
+//! The contract is in `docs/semantics.md` §3–§5.
 #![forbid(unsafe_code)]
 
 pub mod actor;

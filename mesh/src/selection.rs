@@ -20,7 +20,7 @@
 //! sub-view, the way a cast tree splits a selection among forwarders. Naming
 //! a dimension the shape lacks, or an index or range bound outside its
 //! dimension, is an error at evaluation, never a panic and never silently
-//! nothing. The full grammar and rules are in `mesh/SHAPES.md`.
+//! nothing. The full grammar and rules are in `docs/semantics.md` §3.
 //!
 //! ```
 //! use regent_mesh::selection::Selection;
@@ -118,7 +118,7 @@ pub enum SelectionError {
 }
 
 /// A selection: an AST over the points of a shape. See the module docs for
-/// the syntax and `mesh/SHAPES.md` for the rules.
+/// the syntax and `docs/semantics.md` §3 for the rules.
 ///
 /// Parsing and printing round-trip: `s.to_string().parse() == Ok(s)` for
 /// every `s` that [`Selection::validate`] accepts and that prints within
@@ -148,7 +148,7 @@ pub enum Selection {
     },
     /// Like [`Selection::First`], but in each group the member whose point
     /// index has the smallest hash under the evaluation seed (see
-    /// `mesh/SHAPES.md`): `any`, `any(S)`, `any(gpus: S)`.
+    /// `docs/semantics.md` §3): `any`, `any(S)`, `any(gpus: S)`.
     Any {
         /// The dimensions along which to pick (empty: all of them).
         dims: Vec<DimName>,
@@ -426,7 +426,7 @@ impl fmt::Display for DimSpec {
 impl FromStr for Selection {
     type Err = ParseError;
 
-    /// Parses the text syntax (see `mesh/SHAPES.md`). Never panics; input
+    /// Parses the text syntax (see `docs/semantics.md` §3). Never panics; input
     /// longer than [`MAX_TEXT_BYTES`] or deeper than [`MAX_DEPTH`] is an
     /// error.
     fn from_str(input: &str) -> Result<Self, ParseError> {

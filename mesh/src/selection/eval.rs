@@ -316,7 +316,7 @@ fn scope(dims: &[DimName], shape: &Shape) -> Result<Vec<bool>, SelectionError> {
 
 /// The hash `any` minimizes: splitmix64 of `seed + (index + 1) * γ`. For a
 /// fixed seed it is a bijection of the point index, so there are no ties.
-/// Part of the documented semantics (`mesh/SHAPES.md`): do not change it, or
+/// Part of the documented semantics (`docs/semantics.md` §3): do not change it, or
 /// procs of different versions would pick different members.
 pub(crate) fn any_key(seed: u64, index: u64) -> u64 {
     let mut z = seed.wrapping_add(index.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));

@@ -676,7 +676,7 @@ where
 }
 
 /// Brute force: the set of points (by row-major index) a selection picks,
-/// straight from the definitions in `mesh/SHAPES.md`, comparing every pair
+/// straight from the definitions in `docs/semantics.md` §3, comparing every pair
 /// of points where a definition speaks of "the first" or "the smallest".
 fn brute(selection: &Selection, shape: &Shape, points: &[Vec<usize>], seed: u64) -> Vec<bool> {
     let position = |dim: &DimName| shape.names().iter().position(|n| n == dim).unwrap();
@@ -746,7 +746,7 @@ fn brute(selection: &Selection, shape: &Shape, points: &[Vec<usize>], seed: u64)
     }
 }
 
-/// The hash of `mesh/SHAPES.md`, written out again.
+/// The hash of `docs/semantics.md` §3, written out again.
 fn splitmix(seed: u64, index: usize) -> u64 {
     let mut z = seed.wrapping_add((index as u64 + 1).wrapping_mul(0x9E3779B97F4A7C15));
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
