@@ -70,7 +70,8 @@ async fn run_proc() -> i32 {
     };
     let lease = start.boot.owner_lease;
     let ready = async { start.report_ready().await.map_err(|e| e.to_string()) };
-    match proc::serve(start.endpoint.clone(), lease, ready).await {
+    let owner = start.boot.owner.proc.clone();
+    match proc::serve(start.endpoint.clone(), owner, lease, ready).await {
         Ok(ProcExit::Requested) => EXIT_REQUESTED,
         Ok(ProcExit::LeaseLapsed) => EXIT_LEASE_LAPSED,
         Ok(ProcExit::EndpointClosed) => EXIT_ENDPOINT_CLOSED,

@@ -66,8 +66,9 @@ impl InProcAllocator {
         let events = self.events_tx.clone();
         let serving = endpoint.clone();
         let lease = boot.owner_lease;
+        let owner = boot.owner.proc.clone();
         let task = tokio::spawn(async move {
-            let status = match proc::serve(serving, lease, async { Ok(()) }).await {
+            let status = match proc::serve(serving, owner, lease, async { Ok(()) }).await {
                 Ok(ProcExit::Requested) => ProcStatus::Code(0),
                 Ok(_) => ProcStatus::Code(1),
                 Err(e) => {

@@ -518,6 +518,10 @@ impl ProcRuntime {
     }
 }
 
+fn delivery_from_owner(sender: &ProcId, owner: &ProcId) -> bool {
+    sender == owner
+}
+
 /// The bound on queued supervisor observations; a watcher that falls behind
 /// this far logs what it missed.
 const OBSERVATIONS: usize = 4096;
@@ -578,8 +582,12 @@ fn cause_of(reason: ExitReason) -> FailureCause {
 /// Serves this proc until its owner tells it to exit, its owner's lease
 /// lapses, or its endpoint closes. `ready` runs once the proc's ports are
 /// open (it tells the host agent the proc is ready).
+///
+/// Only `owner` (authenticated by the control plane) renews the lease and
+/// controls the proc; other procs of the cluster may only forward casts.
 pub async fn serve<R>(
     endpoint: Endpoint,
+    owner: ProcId,
     owner_lease: Duration,
     ready: R,
 ) -> Result<ProcExit, ProcError>
@@ -618,6 +626,7 @@ where
         let Some(delivery) = delivery else {
             break ProcExit::EndpointClosed;
         };
+        let delivery_sender = delivery.sender.proc.clone();
         let cmd = match delivery.decode::<ProcCommand>() {
             Ok(c) => c,
             Err(e) => {
@@ -625,8 +634,13 @@ where
                 continue;
             }
         };
-        // Any command from the owner shows it is alive.
-        lease = tokio::time::Instant::now() + owner_lease;
+        if delivery_from_owner(&delivery_sender, &owner) {
+            // Any command from the owner shows it is alive.
+            lease = tokio::time::Instant::now() + owner_lease;
+        } else if !matches!(cmd, ProcCommand::Cast(_)) {
+            tracing::warn!(from = %delivery_sender, "a command from another than the owner refused");
+            continue;
+        }
         if let Some(exit) = rt.handle(cmd).await {
             break exit;
         }

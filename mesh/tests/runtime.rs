@@ -235,3 +235,42 @@ async fn failures_are_reported_by_rank_and_nothing_hangs() {
         Err(MeshError::Selection(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_controls_a_proc() {
+    let (rt, _pm, mesh) = setup(2, 1, RuntimeConfig::default()).await;
+    // Another member of the cluster (a valid certificate from the same CA)
+    // tells a proc to exit.
+    let intruder = regent_net::ProcId::new("intruder").unwrap();
+    let endpoint = regent_net::Endpoint::bind(
+        rt.ca().issue(&intruder).unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+        regent_net::EndpointConfig::default(),
+    )
+    .unwrap();
+    let target = mesh.procs()[1].clone();
+    endpoint.add_route(target.clone());
+    let to = regent_net::ActorId {
+        proc: target.proc.clone(),
+        name: regent_net::ActorName::new("regent-proc").unwrap(),
+        index: 0,
+    }
+    .port(0);
+    endpoint
+        .send(
+            &intruder.actor("x", 0).unwrap(),
+            &to,
+            regent_net::Generation(0),
+            regent_mesh::protocol::ProcCommand::Exit,
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let vm = mesh.call(&Selection::All, &Op::Rank).await.unwrap();
+    assert_eq!(
+        vm.len(),
+        2,
+        "the proc ignored the intruder: {:?}",
+        vm.failed()
+    );
+}
