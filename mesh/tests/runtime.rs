@@ -274,3 +274,32 @@ async fn only_the_owner_controls_a_proc() {
         vm.failed()
     );
 }
+
+/// A mesh actor type this binary never registers.
+struct Unregistered;
+
+impl MeshActor for Unregistered {
+    const NAME: &'static str = "test/never-registered";
+    type Args = ();
+    type Msg = ();
+    type Reply = ();
+
+    async fn new(_: &Member, (): ()) -> Result<Self, ActorError> {
+        Ok(Self)
+    }
+
+    async fn handle(&mut self, _: &Member, (): ()) -> Result<(), ActorError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawning_an_unknown_actor_type_is_a_clear_error() {
+    let (_rt, pm, _mesh) = setup(1, 1, RuntimeConfig::default()).await;
+    let err = pm.spawn::<Unregistered>("nope", 1, &()).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("test/never-registered") && text.contains("test/counter"),
+        "the error names the type and what is registered: {text}"
+    );
+}
