@@ -10,7 +10,7 @@
 //! pidfd, opened before the memfd, pins the identity: a reused pid cannot
 //! hold the token.
 //!
-//! Liveness: every chunk of a copy (8 MiB by default) checks the header's
+//! Liveness: every chunk of a copy (256 MiB by default) checks the header's
 //! state word (the owner sets it to released before freeing) and polls the
 //! pidfd (readable once the owner has exited); the copy fails with
 //! [`Error::Released`] or [`Error::OwnerDied`]. A sweeper unmaps segments
@@ -86,11 +86,12 @@ impl PeerSegment {
         let fd = match rustix::fs::open(&path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
             Ok(fd) => fd,
             Err(_) if exited(&pidfd) => return Err(died()),
-            // The owner closed the descriptor: it released the buffer.
-            Err(rustix::io::Errno::NOENT) => {
-                return Err(Error::Released { owner, buffer });
+            Err(e @ (rustix::io::Errno::ACCESS | rustix::io::Errno::PERM)) => {
+                return Err(shm_err(format!("open {path}: {e}")));
             }
-            Err(e) => return Err(shm_err(format!("open {path}: {e}"))),
+            // The owner closed the descriptor (it released the buffer), and
+            // the number is free or names something else (a socket, ...).
+            Err(_) => return Err(Error::Released { owner, buffer }),
         };
         // From here on, a descriptor that is not our segment (not a sealed
         // memfd, another size, another token) means the owner closed the

@@ -89,12 +89,61 @@ impl Registry {
 fn tls_configs(creds: &ProcCredentials) -> Result<(TlsAcceptor, TlsConnector), Error> {
     let mut server = creds.server_config()?;
     server.alpn_protocols = vec![ALPN.to_vec()];
-    let mut client = creds.client_config()?;
-    client.alpn_protocols = vec![ALPN.to_vec()];
     Ok((
         TlsAcceptor::from(Arc::new(server)),
-        TlsConnector::from(Arc::new(client)),
+        TlsConnector::from(Arc::new(client_config(creds)?)),
     ))
+}
+
+/// The control plane's client config, with one change: AES-128-GCM is
+/// offered first (the server follows the client's order), which costs
+/// fewer rounds per byte than AES-256-GCM on bulk data. Same trust (the
+/// cluster CA only), same certificate, TLS 1.3 only.
+fn client_config(creds: &ProcCredentials) -> Result<rustls::ClientConfig, Error> {
+    use rustls::CipherSuite::TLS13_AES_128_GCM_SHA256;
+    use rustls_pki_types::pem::PemObject as _;
+    let tls_err = |context: &'static str| {
+        move |e: rustls::Error| {
+            Error::Net(regent_net::Error::Tls {
+                context,
+                reason: e.to_string(),
+            })
+        }
+    };
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .sort_by_key(|s| s.suite() != TLS13_AES_128_GCM_SHA256);
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(creds.ca().clone())
+        .map_err(tls_err("trust the cluster CA"))?;
+    let (_, key_pem, _) = creds.to_pem();
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| {
+        Error::Net(regent_net::Error::Certificate {
+            context: "proc key",
+            reason: e.to_string(),
+        })
+    })?;
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err("client protocol versions"))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(creds.chain().to_vec(), key)
+        .map_err(tls_err("client certificate"))?;
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(config)
+}
+
+/// Socket reads go through a buffer this large: rustls asks for 4 KiB at a
+/// time, which would otherwise cost a system call per 4 KiB.
+const SOCKET_READ_BUFFER_BYTES: usize = 256 << 10;
+
+/// A TCP stream with buffered reads (writes pass through).
+type Socket = tokio::io::BufReader<TcpStream>;
+
+fn socket(tcp: TcpStream) -> Socket {
+    tokio::io::BufReader::with_capacity(SOCKET_READ_BUFFER_BYTES, tcp)
 }
 
 /// The owner's side: a listener and one task per connection. Dropping it
@@ -189,7 +238,7 @@ async fn serve_connection(tcp: TcpStream, peer: SocketAddr, ctx: ServeCtx) -> Re
         peer: peer.to_string(),
         reason,
     };
-    let mut tls = timeout(ctx.handshake_timeout, ctx.acceptor.accept(tcp))
+    let mut tls = timeout(ctx.handshake_timeout, ctx.acceptor.accept(socket(tcp)))
         .await
         .map_err(|_| Error::Timeout {
             what: "rdma tcp handshake",
@@ -376,7 +425,7 @@ async fn send_response<S: AsyncWrite + Unpin>(
 
 /// One authenticated connection to an owner.
 pub(crate) struct Conn {
-    stream: tokio_rustls::client::TlsStream<TcpStream>,
+    stream: tokio_rustls::client::TlsStream<Socket>,
     last_used: Instant,
 }
 
@@ -455,7 +504,7 @@ impl TcpClient {
             peer: owner.to_string(),
             reason,
         };
-        let mut tls = timeout(deadline, self.connector.connect(name, tcp))
+        let mut tls = timeout(deadline, self.connector.connect(name, socket(tcp)))
             .await
             .map_err(|_| link(format!("TLS handshake timed out after {deadline:?}")))?
             .map_err(|e| refused(format!("TLS handshake: {e}")))?;
