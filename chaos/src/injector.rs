@@ -1,0 +1,298 @@
+//! [`Injector`]: plays faults against a running mesh — signals through the
+//! allocator, rules in the chaos network, panics through the workload's
+//! hook — and undoes the lasting ones when they end.
+//!
+//! Proc ranks are resolved when a fault starts (the proc at that rank of
+//! the mesh now), and a lasting fault remembers what it resolved to, so its
+//! end undoes exactly what its start did. The network's rules are always
+//! recomputed from the set of network faults in force, so overlapping
+//! faults compose and ending one leaves the others.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use regent_mesh::alloc::{Allocator, ProcSignal};
+use regent_mesh::{ActorMesh, Rank, Selection};
+use regent_net::ProcId;
+
+use crate::alloc::ChaosAllocator;
+use crate::network::{Direction, LinkFaults, Network, NodeId, Rules};
+use crate::schedule::{Fault, FaultKind, ScheduledFault, Target};
+use crate::workload::{Tally, TallyMsg};
+
+/// What one fault start did.
+#[derive(Debug, Clone)]
+pub struct Injection {
+    /// Its number (to end it).
+    pub id: u64,
+    /// The fault.
+    pub fault: Fault,
+    /// When it started.
+    pub at: Instant,
+    /// The procs it hit (whose failure the owner should detect).
+    pub procs: Vec<ProcId>,
+    /// The member ranks it hit (panics).
+    pub ranks: Vec<u32>,
+    /// Whether it applied (a target may be gone).
+    pub applied: bool,
+}
+
+#[derive(Debug, Clone)]
+enum NetPiece {
+    Isolate(NodeId),
+    Partition(Vec<NodeId>, Vec<NodeId>, Direction),
+    Degrade(Option<NodeId>, LinkFaults),
+}
+
+/// Plays faults; see the module documentation.
+pub struct Injector {
+    alloc: Arc<ChaosAllocator>,
+    network: Network,
+    mesh: ActorMesh<Tally>,
+    next: u64,
+    net: BTreeMap<u64, NetPiece>,
+    paused: HashMap<u64, ProcId>,
+    counts: BTreeMap<FaultKind, u64>,
+    stop_grace: Duration,
+}
+
+impl std::fmt::Debug for Injector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Injector")
+            .field("net", &self.net)
+            .field("paused", &self.paused)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Injector {
+    /// An injector for `mesh`, whose procs `alloc` started.
+    pub fn new(alloc: Arc<ChaosAllocator>, mesh: ActorMesh<Tally>) -> Self {
+        Self {
+            network: alloc.network().clone(),
+            alloc,
+            mesh,
+            next: 0,
+            net: BTreeMap::new(),
+            paused: HashMap::new(),
+            counts: BTreeMap::new(),
+            stop_grace: Duration::from_secs(1),
+        }
+    }
+
+    /// Faults started so far, by kind (those that applied).
+    pub fn counts(&self) -> &BTreeMap<FaultKind, u64> {
+        &self.counts
+    }
+
+    fn proc_at(&self, rank: u32) -> Option<ProcId> {
+        self.mesh.procs().get(rank as usize).map(|a| a.proc.clone())
+    }
+
+    fn node(&self, target: Target) -> Option<NodeId> {
+        match target {
+            Target::Controller => Some(NodeId::CONTROLLER),
+            Target::Proc(p) => self.proc_at(p).and_then(|p| self.alloc.node_of(&p)),
+        }
+    }
+
+    fn apply_net(&self) {
+        let mut rules = Rules::default();
+        for piece in self.net.values() {
+            match piece {
+                NetPiece::Isolate(n) => {
+                    rules.isolated.insert(*n);
+                }
+                NetPiece::Partition(a, b, d) => rules.partition(a, b, *d),
+                NetPiece::Degrade(None, f) => rules.all_links = rules.all_links.compose(*f),
+                NetPiece::Degrade(Some(n), f) => {
+                    let e = rules.nodes.entry(*n).or_default();
+                    *e = e.compose(*f);
+                }
+            }
+        }
+        self.network.set_rules(rules);
+    }
+
+    /// Starts a fault.
+    pub async fn start(&mut self, fault: &Fault) -> Injection {
+        let id = self.next;
+        self.next += 1;
+        let mut inj = Injection {
+            id,
+            fault: fault.clone(),
+            at: Instant::now(),
+            procs: Vec::new(),
+            ranks: Vec::new(),
+            applied: false,
+        };
+        match fault {
+            Fault::Kill { proc } | Fault::Stop { proc } | Fault::Pause { proc } => {
+                let Some(p) = self.proc_at(*proc) else {
+                    return inj;
+                };
+                let result = match fault {
+                    Fault::Kill { .. } => self.alloc.signal(&p, ProcSignal::Kill).await,
+                    Fault::Pause { .. } => self.alloc.signal(&p, ProcSignal::Stop).await,
+                    _ => self.alloc.signal(&p, ProcSignal::Term).await,
+                };
+                if let Err(e) = result {
+                    tracing::info!(proc = %p, error = %e, %fault, "fault target gone");
+                    return inj;
+                }
+                if matches!(fault, Fault::Stop { .. }) {
+                    // The graceful stop's SIGKILL after the grace.
+                    let alloc = self.alloc.clone();
+                    let (grace, victim) = (self.stop_grace, p.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(grace).await;
+                        let _ = alloc.signal(&victim, ProcSignal::Kill).await;
+                    });
+                }
+                if matches!(fault, Fault::Pause { .. }) {
+                    self.paused.insert(id, p.clone());
+                }
+                inj.procs.push(p);
+            }
+            Fault::Panic { rank } => {
+                let shape = self.mesh.mesh_shape();
+                let Some(point) = shape.point_of(Rank(*rank)) else {
+                    return inj;
+                };
+                let text: Vec<String> = point
+                    .names()
+                    .iter()
+                    .zip(point.coords())
+                    .map(|(n, c)| format!("{}={c}", n.as_str()))
+                    .collect();
+                let Ok(selection) = text.join(",").parse::<Selection>() else {
+                    return inj;
+                };
+                // The member fails, so this call fails: that is the point.
+                let mesh = self.mesh.clone();
+                tokio::spawn(async move {
+                    let _ = mesh
+                        .call_within(&selection, &TallyMsg::Panic, Duration::from_secs(5))
+                        .await;
+                });
+                inj.ranks.push(*rank);
+            }
+            Fault::Blackhole { proc } => {
+                let Some(p) = self.proc_at(*proc) else {
+                    return inj;
+                };
+                let Some(n) = self.alloc.node_of(&p) else {
+                    return inj;
+                };
+                self.net.insert(id, NetPiece::Isolate(n));
+                inj.procs.push(p);
+            }
+            Fault::Partition { a, b, one_way } => {
+                let na: Vec<NodeId> = a.iter().filter_map(|t| self.node(*t)).collect();
+                let nb: Vec<NodeId> = b.iter().filter_map(|t| self.node(*t)).collect();
+                if na.is_empty() || nb.is_empty() {
+                    return inj;
+                }
+                // The procs cut from the controller are the ones whose
+                // failure the controller may detect.
+                let cut_off = if a.contains(&Target::Controller) {
+                    b
+                } else {
+                    a
+                };
+                for t in cut_off {
+                    if let Target::Proc(r) = t
+                        && let Some(p) = self.proc_at(*r)
+                    {
+                        inj.procs.push(p);
+                    }
+                }
+                let d = if *one_way {
+                    Direction::OneWay
+                } else {
+                    Direction::Both
+                };
+                self.net.insert(id, NetPiece::Partition(na, nb, d));
+            }
+            Fault::Degrade { proc, faults, .. } => {
+                let node = match proc {
+                    None => None,
+                    Some(r) => match self.proc_at(*r).and_then(|p| self.alloc.node_of(&p)) {
+                        Some(n) => Some(n),
+                        None => return inj,
+                    },
+                };
+                self.net.insert(id, NetPiece::Degrade(node, *faults));
+            }
+        }
+        if fault.kind().is_link_fault() {
+            self.apply_net();
+        }
+        inj.applied = true;
+        *self.counts.entry(fault.kind()).or_insert(0) += 1;
+        tracing::info!(id, %fault, "fault injected");
+        inj
+    }
+
+    /// Ends a lasting fault started as `id` (resumes a paused proc, removes
+    /// network rules). Ending one that is not in force does nothing.
+    pub async fn end(&mut self, id: u64) {
+        if let Some(p) = self.paused.remove(&id) {
+            if let Err(e) = self.alloc.signal(&p, ProcSignal::Cont).await {
+                tracing::debug!(proc = %p, error = %e, "resuming a proc that is gone");
+            }
+            tracing::info!(id, proc = %p, "fault ended: resumed");
+        }
+        if self.net.remove(&id).is_some() {
+            self.apply_net();
+            tracing::info!(id, "fault ended: network rule removed");
+        }
+    }
+
+    /// Ends every fault in force: a clean network, every paused proc
+    /// resumed.
+    pub async fn heal_all(&mut self) {
+        let ids: Vec<u64> = self.paused.keys().copied().collect();
+        for id in ids {
+            self.end(id).await;
+        }
+        self.net.clear();
+        self.network.heal();
+    }
+
+    /// Plays a schedule: starts and ends each fault at its time from now.
+    /// `on_start` sees every start (for detection bookkeeping). Returns
+    /// when the last fault has ended (every fault in force is ended).
+    pub async fn play(
+        &mut self,
+        faults: &[ScheduledFault],
+        mut on_start: impl FnMut(&ScheduledFault, &Injection),
+    ) {
+        let t0 = tokio::time::Instant::now();
+        // (time, order, start?, index)
+        let mut events: Vec<(Duration, u8, usize)> = Vec::new();
+        for (i, f) in faults.iter().enumerate() {
+            events.push((f.at, 1, i));
+            if let Some(d) = f.lasts {
+                events.push((f.at + d, 0, i));
+            }
+        }
+        // Ends before starts at the same instant.
+        events.sort_by_key(|(t, kind, i)| (*t, *kind, *i));
+        let mut ids: HashMap<usize, u64> = HashMap::new();
+        for (t, kind, i) in events {
+            tokio::time::sleep_until(t0 + t).await;
+            if kind == 1 {
+                let inj = self.start(&faults[i].fault).await;
+                on_start(&faults[i], &inj);
+                if inj.applied {
+                    ids.insert(i, inj.id);
+                }
+            } else if let Some(id) = ids.remove(&i) {
+                self.end(id).await;
+            }
+        }
+        self.heal_all().await;
+    }
+}

@@ -1,0 +1,901 @@
+//! The scenario runner: a mesh of [`Tally`] members on procs behind chaos
+//! proxies, a workload that counts and checks its messages, and rounds of
+//! seeded faults, each followed by healing, settling and checking every
+//! invariant. The chaos suite runs one round per scenario; the soak runs
+//! rounds until its time is up.
+//!
+//! A round: generate the round's timeline from the seed; start the
+//! workload; play the timeline; heal everything; stop the workload; wait
+//! until the mesh runs and answers, with no restart for a quiet period;
+//! wait for abandoned procs (zombies) to exit; ask every live member what
+//! it received; check.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use regent_mesh::{
+    ActorMesh, FailureCause, MeshError, MeshFailure, MeshPolicy, MeshStatus, Selection,
+    SpawnOptions,
+};
+use regent_net::ProcId;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::ChaosError;
+use crate::cluster::{ChaosCluster, ClusterConfig};
+use crate::injector::{Injection, Injector};
+use crate::invariant::{
+    self, Acked, CallRecord, InvariantResult, ReplySeen, SendRecord, SupervisionLog,
+};
+use crate::process;
+use crate::proxy::ProxyCounts;
+use crate::rng::Seed;
+use crate::schedule::{FaultKind, Schedule, ScheduleConfig, ScheduledFault};
+use crate::workload::{Life, LifeReport, Tally, TallyArgs, TallyMsg, TallyReply};
+
+/// How the workload runs, with documented defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadConfig {
+    /// Pause between two casts. Default 10 ms.
+    pub cast_interval: Duration,
+    /// Pause between two calls. Default 100 ms.
+    pub call_interval: Duration,
+    /// Each call's deadline. Default 4 s.
+    pub call_deadline: Duration,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        Self {
+            cast_interval: Duration::from_millis(10),
+            call_interval: Duration::from_millis(100),
+            call_deadline: Duration::from_secs(4),
+        }
+    }
+}
+
+/// One chaos scenario, with documented defaults.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Its name.
+    pub name: String,
+    /// Its seed: decides every round's timeline and the proxies' packet
+    /// fates.
+    pub seed: Seed,
+    /// Procs. Default 4.
+    pub procs: u32,
+    /// Members per proc. Default 2.
+    pub per_proc: u32,
+    /// The mesh's policy. Default: restart members, 100 in 60 s.
+    pub policy: MeshPolicy,
+    /// The cast trees' fan-out. Default 16 (flat for up to 16 procs).
+    pub fanout: NonZeroU32,
+    /// How timelines are generated (its mesh size follows `procs` and
+    /// `per_proc`).
+    pub schedule: ScheduleConfig,
+    /// A fixed timeline instead of generated ones (every round plays it).
+    pub timeline: Option<Vec<ScheduledFault>>,
+    /// The workload.
+    pub workload: WorkloadConfig,
+    /// How long the mesh may take to run and answer again after healing.
+    /// Default 60 s.
+    pub settle_timeout: Duration,
+    /// A quiet period with no restart that counts as settled. Default
+    /// 2.5 s (over the 1 s failure timeout of procs).
+    pub quiet: Duration,
+    /// Allowance over a call's deadline, for a loaded machine. Default 3 s.
+    pub call_slack: Duration,
+    /// How long abandoned procs may run after healing, past the owner
+    /// lease. Default 5 s.
+    pub zombie_slack: Duration,
+}
+
+impl Scenario {
+    /// A scenario with the defaults.
+    pub fn new(name: impl Into<String>, seed: Seed) -> Self {
+        Self {
+            name: name.into(),
+            seed,
+            procs: 4,
+            per_proc: 2,
+            policy: MeshPolicy::default().intensity(100, Duration::from_secs(60)),
+            fanout: regent_mesh::tree::DEFAULT_FANOUT,
+            schedule: ScheduleConfig::default(),
+            timeline: None,
+            workload: WorkloadConfig::default(),
+            settle_timeout: Duration::from_secs(60),
+            quiet: Duration::from_millis(2500),
+            call_slack: Duration::from_secs(3),
+            zombie_slack: Duration::from_secs(5),
+        }
+    }
+
+    /// Sets the mesh's size.
+    pub fn mesh(mut self, procs: u32, per_proc: u32) -> Self {
+        self.procs = procs;
+        self.per_proc = per_proc;
+        self
+    }
+
+    /// Sets the policy.
+    pub fn policy(mut self, policy: MeshPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets the fan-out.
+    pub fn fanout(mut self, fanout: NonZeroU32) -> Self {
+        self.fanout = fanout;
+        self
+    }
+
+    /// Sets how timelines are generated.
+    pub fn schedule(mut self, schedule: ScheduleConfig) -> Self {
+        self.schedule = schedule;
+        self
+    }
+
+    /// Plays this timeline (every round) instead of generated ones.
+    pub fn timeline(mut self, faults: Vec<ScheduledFault>) -> Self {
+        self.timeline = Some(faults);
+        self
+    }
+
+    /// Sets the workload.
+    pub fn workload(mut self, workload: WorkloadConfig) -> Self {
+        self.workload = workload;
+        self
+    }
+
+    /// The timeline of round `round`: the same for the same seed, always.
+    pub fn round_schedule(&self, round: u64) -> Schedule {
+        let seed = self.seed.derive_n("round", round);
+        match &self.timeline {
+            Some(faults) => Schedule {
+                seed,
+                faults: faults.clone(),
+            },
+            None => {
+                let config = self.schedule.clone().mesh(self.procs, self.per_proc);
+                Schedule::generate(seed, &config)
+            }
+        }
+    }
+}
+
+/// How long a run goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Length {
+    /// This many rounds.
+    Rounds(u32),
+    /// Rounds until this much time has passed (the last round completes).
+    Duration(Duration),
+}
+
+/// Where a run stands, after each round.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    /// Rounds done.
+    pub rounds: u64,
+    /// Time since the run started.
+    pub elapsed: Duration,
+    /// Faults injected so far.
+    pub faults: u64,
+    /// Violations so far.
+    pub violations: u64,
+    /// The mesh's generation.
+    pub generation: u64,
+    /// The round's timeline (printed, so that a failing round replays).
+    pub schedule: Schedule,
+}
+
+/// Latency figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LatencyStats {
+    /// Samples.
+    pub count: usize,
+    /// Median.
+    pub p50: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// Largest.
+    pub max: Duration,
+}
+
+impl LatencyStats {
+    /// The figures of these samples.
+    pub fn of(samples: &[Duration]) -> Self {
+        if samples.is_empty() {
+            return Self::default();
+        }
+        let mut s = samples.to_vec();
+        s.sort_unstable();
+        let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
+        Self {
+            count: s.len(),
+            p50: at(0.50),
+            p99: at(0.99),
+            max: s[s.len() - 1],
+        }
+    }
+}
+
+impl fmt::Display for LatencyStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.count == 0 {
+            return f.write_str("no samples");
+        }
+        write!(
+            f,
+            "p50 {:.3}s, p99 {:.3}s, max {:.3}s (n={})",
+            self.p50.as_secs_f64(),
+            self.p99.as_secs_f64(),
+            self.max.as_secs_f64(),
+            self.count
+        )
+    }
+}
+
+/// What a run did and whether every invariant held.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The scenario's name.
+    pub name: String,
+    /// Its seed.
+    pub seed: Seed,
+    /// Procs and members per proc.
+    pub mesh: (u32, u32),
+    /// The policy.
+    pub policy: MeshPolicy,
+    /// Rounds played.
+    pub rounds: u64,
+    /// How long it ran.
+    pub wall: Duration,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<FaultKind, u64>,
+    /// Restarts completed (generation changes).
+    pub recoveries: u64,
+    /// From a fault to its failure's observation by the owner.
+    pub detection: LatencyStats,
+    /// From a fault to the mesh running again in a newer generation.
+    pub recovery: LatencyStats,
+    /// Casts sent (and fully acknowledged).
+    pub casts: (u64, u64),
+    /// Calls made (and fully answered).
+    pub calls: (u64, u64),
+    /// (message, live member) pairs checked for delivery.
+    pub deliveries_checked: u64,
+    /// What the proxies did.
+    pub proxy: ProxyCounts,
+    /// The final generation and status.
+    pub generation: u64,
+    /// The final status.
+    pub status: MeshStatus,
+    /// Every invariant's verdict.
+    pub invariants: Vec<InvariantResult>,
+    /// Problems outside the invariants (e.g. the mesh did not recover).
+    pub problems: Vec<String>,
+}
+
+impl Report {
+    /// Violations of all invariants, plus problems.
+    pub fn violations(&self) -> u64 {
+        self.invariants.iter().map(|i| i.violations).sum::<u64>() + self.problems.len() as u64
+    }
+
+    /// Panics with the whole report if anything was violated.
+    pub fn assert_clean(&self) {
+        assert_eq!(self.violations(), 0, "chaos run failed:\n{self}");
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "chaos report: {} (seed {}; replay with the same seed)",
+            self.name, self.seed
+        )?;
+        writeln!(
+            f,
+            "  mesh: {} procs x {} members, policy {} (at most {} restarts in {:?}), {} round(s) in {:.1}s",
+            self.mesh.0,
+            self.mesh.1,
+            self.policy.on_failure,
+            self.policy.intensity.max_restarts,
+            self.policy.intensity.period,
+            self.rounds,
+            self.wall.as_secs_f64()
+        )?;
+        let total: u64 = self.faults.values().sum();
+        writeln!(f, "  faults injected: {total}")?;
+        for (k, n) in &self.faults {
+            writeln!(f, "    {:<20} {n}", k.name())?;
+        }
+        writeln!(
+            f,
+            "  recoveries: {} (final generation {}, status {:?})",
+            self.recoveries, self.generation, self.status
+        )?;
+        writeln!(f, "  detection latency: {}", self.detection)?;
+        writeln!(f, "  recovery latency:  {}", self.recovery)?;
+        writeln!(
+            f,
+            "  workload: {} casts ({} fully acknowledged), {} calls ({} fully answered), {} deliveries checked",
+            self.casts.0, self.casts.1, self.calls.0, self.calls.1, self.deliveries_checked
+        )?;
+        let p = &self.proxy;
+        writeln!(
+            f,
+            "  proxies: {} datagrams forwarded, {} cut, {} lost, {} duplicated, {} reordered, {} delayed, {} overflowed",
+            p.forwarded, p.cut, p.lost, p.duplicated, p.reordered, p.delayed, p.overflowed
+        )?;
+        writeln!(f, "  invariants:")?;
+        for i in &self.invariants {
+            writeln!(f, "    {i}")?;
+        }
+        for p in &self.problems {
+            writeln!(f, "  PROBLEM: {p}")?;
+        }
+        write!(f, "  result: {} violation(s)", self.violations())
+    }
+}
+
+/// What the observers saw, shared with their tasks.
+#[derive(Default)]
+struct Observed {
+    failures: Vec<(Instant, Vec<u32>)>,
+    failures_missed: bool,
+    generations: Vec<(Instant, u64)>,
+    expected: Vec<Expected>,
+    detection: Vec<Duration>,
+    awaiting: Vec<(Instant, u64)>,
+    recovery: Vec<Duration>,
+}
+
+/// A fault whose failure the owner should detect.
+struct Expected {
+    at: Instant,
+    procs: Vec<ProcId>,
+    ranks: Vec<u32>,
+    until: Option<Instant>,
+}
+
+/// What the workload recorded this round.
+#[derive(Default)]
+struct Ledger {
+    sends: Vec<SendRecord>,
+    calls: Vec<CallRecord>,
+    replies: Vec<ReplySeen>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Invariant: no code panics while holding these locks.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn failure_proc(f: &MeshFailure) -> Option<&ProcId> {
+    match &f.cause {
+        FailureCause::ProcExited { proc, .. }
+        | FailureCause::HostLost { proc, .. }
+        | FailureCause::LinkFailed { proc, .. } => Some(proc),
+        _ => None,
+    }
+}
+
+/// Watches the mesh's failures: records them and matches them to faults.
+async fn watch_failures(mesh: ActorMesh<Tally>, obs: Arc<Mutex<Observed>>) {
+    let mut rx = mesh.failures();
+    loop {
+        match rx.recv().await {
+            Ok(f) => {
+                let now = Instant::now();
+                let mut o = lock(&obs);
+                o.failures
+                    .push((now, f.ranks.iter().map(|r| r.0).collect()));
+                let proc = failure_proc(&f).cloned();
+                let ranks: Vec<u32> = f.ranks.iter().map(|r| r.0).collect();
+                let hit = o.expected.iter().position(|e| {
+                    e.at <= now
+                        && e.until.is_none_or(|u| now <= u)
+                        && (proc.as_ref().is_some_and(|p| e.procs.contains(p))
+                            || (proc.is_none() && e.ranks.iter().any(|r| ranks.contains(r))))
+                });
+                if let Some(i) = hit {
+                    let e = o.expected.remove(i);
+                    o.detection.push(now.duration_since(e.at));
+                    o.awaiting.push((e.at, f.generation.0));
+                }
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                lock(&obs).failures_missed = true;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// Samples the generation every 10 ms: for monotonicity and recoveries.
+async fn sample_generations(mesh: ActorMesh<Tally>, obs: Arc<Mutex<Observed>>) {
+    loop {
+        let g = mesh.generation().0;
+        let running = mesh.status() == MeshStatus::Running;
+        let now = Instant::now();
+        {
+            let mut o = lock(&obs);
+            if o.generations.last().is_none_or(|(_, last)| *last != g) {
+                o.generations.push((now, g));
+            }
+            if running {
+                let mut done = Vec::new();
+                o.awaiting.retain(|(at, failed_in)| {
+                    let recovered = g > *failed_in;
+                    if recovered {
+                        done.push(now.duration_since(*at));
+                    }
+                    !recovered
+                });
+                o.recovery.extend(done);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn acked_of<T>(r: &Result<T, MeshError>) -> Acked {
+    match r {
+        Ok(_) => Acked::All,
+        Err(MeshError::Members(m)) => Acked::AllBut(m.failed.iter().map(|(r, _)| r.0).collect()),
+        Err(_) => Acked::None,
+    }
+}
+
+/// Casts numbered records to every member until told to stop.
+async fn caster(
+    mesh: ActorMesh<Tally>,
+    seq: Arc<AtomicU64>,
+    ledger: Arc<Mutex<Ledger>>,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    while !*stop.borrow() {
+        let n = seq.fetch_add(1, Ordering::Relaxed);
+        let g0 = mesh.generation().0;
+        let r = mesh
+            .cast(&Selection::All, &TallyMsg::Record { seq: n })
+            .await;
+        let g1 = mesh.generation().0;
+        let done = matches!(r, Err(MeshError::Stopped(_)));
+        lock(&ledger).sends.push(SendRecord {
+            seq: n,
+            gen_lo: g0,
+            gen_hi: g1,
+            call: false,
+            acked: acked_of(&r),
+        });
+        if done {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// Calls every member with numbered records until told to stop, timing
+/// each call.
+async fn caller(
+    mesh: ActorMesh<Tally>,
+    seq: Arc<AtomicU64>,
+    ledger: Arc<Mutex<Ledger>>,
+    config: WorkloadConfig,
+    members: u32,
+    mut stop: watch::Receiver<bool>,
+) {
+    while !*stop.borrow() {
+        let n = seq.fetch_add(1, Ordering::Relaxed);
+        let g0 = mesh.generation().0;
+        let t = Instant::now();
+        let r = mesh
+            .call_within(
+                &Selection::All,
+                &TallyMsg::Record { seq: n },
+                config.call_deadline,
+            )
+            .await;
+        let elapsed = t.elapsed();
+        let g1 = mesh.generation().0;
+        let done = matches!(r, Err(MeshError::Stopped(_)));
+        {
+            let mut l = lock(&ledger);
+            match r {
+                Ok(vm) => {
+                    let replied: Vec<u32> = vm.values().iter().map(|(r, _)| r.0).collect();
+                    let failed: Vec<u32> = vm.failed().iter().map(|(r, _)| r.0).collect();
+                    if g0 == g1 {
+                        for (rank, reply) in vm.values() {
+                            if let TallyReply::Life(life) = reply {
+                                l.replies.push(ReplySeen {
+                                    rank: rank.0,
+                                    generation: g0,
+                                    life: *life,
+                                });
+                            }
+                        }
+                    }
+                    l.sends.push(SendRecord {
+                        seq: n,
+                        gen_lo: g0,
+                        gen_hi: g1,
+                        call: true,
+                        acked: Acked::Only(replied.clone()),
+                    });
+                    l.calls.push(CallRecord {
+                        deadline: config.call_deadline,
+                        elapsed,
+                        selected: members,
+                        replied,
+                        failed,
+                        error: None,
+                    });
+                }
+                Err(e) => {
+                    l.sends.push(SendRecord {
+                        seq: n,
+                        gen_lo: g0,
+                        gen_hi: g1,
+                        call: true,
+                        acked: Acked::None,
+                    });
+                    l.calls.push(CallRecord {
+                        deadline: config.call_deadline,
+                        elapsed,
+                        selected: members,
+                        replied: Vec::new(),
+                        failed: Vec::new(),
+                        error: Some(e.to_string()),
+                    });
+                }
+            }
+        }
+        if done {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(config.call_interval) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// Waits until the mesh runs, every member answers, and no restart happens
+/// for `quiet`; or until it is done (stopped by its policy).
+async fn settle(mesh: &ActorMesh<Tally>, timeout: Duration, quiet: Duration) -> Result<(), String> {
+    let end = Instant::now() + timeout;
+    let mut last = String::new();
+    while Instant::now() < end {
+        let status = mesh.status();
+        if status.is_done() {
+            return Ok(());
+        }
+        if status != MeshStatus::Running {
+            last = format!("status {status:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let g = mesh.generation();
+        match mesh
+            .call_within(&Selection::All, &TallyMsg::Probe, Duration::from_secs(5))
+            .await
+        {
+            Ok(vm) if vm.failed().is_empty() && mesh.generation() == g => {
+                tokio::time::sleep(quiet).await;
+                if mesh.generation() == g && mesh.status() == MeshStatus::Running {
+                    return Ok(());
+                }
+                last = "a restart during the quiet period".into();
+            }
+            Ok(vm) => {
+                last = format!("{} members did not answer a probe", vm.failed().len());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                last = format!("probe failed: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    Err(format!(
+        "the mesh did not run and answer within {timeout:?} after healing ({last})"
+    ))
+}
+
+/// Asks every live member what it received since `from`.
+async fn reports(mesh: &ActorMesh<Tally>, from: u64) -> Result<Vec<LifeReport>, String> {
+    let mut last = String::new();
+    for _ in 0..5 {
+        match mesh
+            .call_within(
+                &Selection::All,
+                &TallyMsg::Report { from },
+                Duration::from_secs(10),
+            )
+            .await
+        {
+            Ok(vm) if vm.failed().is_empty() => {
+                return Ok(vm
+                    .values()
+                    .iter()
+                    .filter_map(|(_, r)| match r {
+                        TallyReply::Report(rep) => Some(rep.clone()),
+                        TallyReply::Life(_) => None,
+                    })
+                    .collect());
+            }
+            Ok(vm) => last = format!("{:?}", vm.failed()),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(format!("members did not report what they received: {last}"))
+}
+
+async fn census(mesh: &ActorMesh<Tally>) -> Result<BTreeMap<u32, Life>, ChaosError> {
+    let vm = mesh
+        .call_within(&Selection::All, &TallyMsg::Probe, Duration::from_secs(30))
+        .await?;
+    let values = vm.into_result().map_err(MeshError::from)?;
+    Ok(values
+        .into_iter()
+        .filter_map(|(r, reply)| match reply {
+            TallyReply::Life(l) => Some((r.0, l)),
+            TallyReply::Report(_) => None,
+        })
+        .collect())
+}
+
+fn merge_into(all: &mut Vec<InvariantResult>, r: &InvariantResult) {
+    match all.iter_mut().find(|i| i.name == r.name) {
+        Some(i) => i.merge(r),
+        None => all.push(r.clone()),
+    }
+}
+
+/// Runs a scenario: see the module documentation. `progress` sees every
+/// round as it ends. Errors are for a run that could not start; what goes
+/// wrong under faults is in the report.
+pub async fn run(
+    scenario: &Scenario,
+    cluster: ClusterConfig,
+    length: Length,
+    mut progress: impl FnMut(&Progress),
+) -> Result<Report, ChaosError> {
+    let started = Instant::now();
+    let mut runtime = cluster.runtime.clone();
+    runtime.fanout = scenario.fanout;
+    let lease = runtime.owner_lease;
+    let cluster = ChaosCluster::start(cluster.runtime(runtime), scenario.seed).await?;
+    tracing::info!(scenario = %scenario.name, seed = %scenario.seed, "chaos scenario starts");
+    let procs = cluster.spawn_procs(scenario.procs as usize).await?;
+    let mesh = procs
+        .spawn_with::<Tally>(
+            "tally",
+            scenario.per_proc,
+            &TallyArgs::default(),
+            SpawnOptions::new().policy(scenario.policy),
+        )
+        .await?;
+    let members = scenario.procs * scenario.per_proc;
+    let initial = census(&mesh).await?;
+    let obs = Arc::new(Mutex::new(Observed::default()));
+    let observers: Vec<JoinHandle<()>> = vec![
+        tokio::spawn(watch_failures(mesh.clone(), obs.clone())),
+        tokio::spawn(sample_generations(mesh.clone(), obs.clone())),
+    ];
+    let mut injector = Injector::new(cluster.allocator().clone(), mesh.clone());
+    let seq = Arc::new(AtomicU64::new(1));
+    let mut invariants: Vec<InvariantResult> = invariant::names::ALL
+        .iter()
+        .map(|n| InvariantResult::new(n))
+        .collect();
+    let mut problems = Vec::new();
+    let (mut casts, mut calls, mut checked) = ((0, 0), (0, 0), 0);
+    let mut finals = initial.clone();
+    let mut round = 0u64;
+    let mut gen_checked_upto = 0usize;
+    loop {
+        let schedule = scenario.round_schedule(round);
+        tracing::info!(round, "{schedule}");
+        let from = seq.load(Ordering::Relaxed);
+        let ledger = Arc::new(Mutex::new(Ledger::default()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let workers = [
+            tokio::spawn(caster(
+                mesh.clone(),
+                seq.clone(),
+                ledger.clone(),
+                scenario.workload.cast_interval,
+                stop_rx.clone(),
+            )),
+            tokio::spawn(caller(
+                mesh.clone(),
+                seq.clone(),
+                ledger.clone(),
+                scenario.workload.clone(),
+                members,
+                stop_rx,
+            )),
+        ];
+        let t0 = tokio::time::Instant::now();
+        {
+            let obs = obs.clone();
+            injector
+                .play(&schedule.faults, |sf, inj: &Injection| {
+                    if !inj.applied || (inj.procs.is_empty() && inj.ranks.is_empty()) {
+                        return;
+                    }
+                    lock(&obs).expected.push(Expected {
+                        at: inj.at,
+                        procs: inj.procs.clone(),
+                        ranks: inj.ranks.clone(),
+                        until: sf.lasts.map(|d| inj.at + d + Duration::from_secs(3)),
+                    });
+                })
+                .await;
+        }
+        tokio::time::sleep_until(t0 + scenario.schedule.duration.max(schedule.end())).await;
+        injector.heal_all().await;
+        let _ = stop_tx.send(true);
+        for w in workers {
+            let _ = w.await;
+        }
+        if let Err(e) = settle(&mesh, scenario.settle_timeout, scenario.quiet).await {
+            problems.push(format!("round {round}: {e}"));
+        }
+        lock(&obs).expected.clear();
+        // Zombies: procs abandoned by the mesh must exit once healed.
+        let current: Vec<ProcId> = mesh.procs().into_iter().map(|a| a.proc).collect();
+        let zombies: Vec<u32> = cluster
+            .allocator()
+            .history()
+            .into_iter()
+            .filter(|r| r.exited.is_none() && !current.contains(&r.proc) && r.pid != 0)
+            .map(|r| r.pid)
+            .collect();
+        let survivors = process::wait_gone(&zombies, lease + scenario.zombie_slack).await;
+        merge_into(
+            &mut invariants,
+            &invariant::check_processes(
+                &zombies,
+                &survivors,
+                "long after its owner abandoned it and the network healed",
+            ),
+        );
+        let to = seq.load(Ordering::Relaxed);
+        let ledger = std::mem::take(&mut *lock(&ledger));
+        if !mesh.status().is_done() {
+            match reports(&mesh, from).await {
+                Ok(reps) => {
+                    finals = reps.iter().map(|r| (r.life.rank, r.life)).collect();
+                    let (lost, once) = invariant::check_delivery(&ledger.sends, &reps, from, to);
+                    checked += lost.checked;
+                    merge_into(&mut invariants, &lost);
+                    merge_into(&mut invariants, &once);
+                }
+                Err(e) => problems.push(format!("round {round}: {e}")),
+            }
+        } else {
+            finals.clear();
+        }
+        merge_into(
+            &mut invariants,
+            &invariant::check_calls(&ledger.calls, scenario.call_slack),
+        );
+        let samples = {
+            let o = lock(&obs);
+            let s = o.generations[gen_checked_upto.saturating_sub(1)..].to_vec();
+            gen_checked_upto = o.generations.len();
+            s
+        };
+        merge_into(
+            &mut invariants,
+            &invariant::check_generations(&samples, &ledger.replies),
+        );
+        for s in &ledger.sends {
+            if s.call {
+                calls.0 += 1;
+                calls.1 +=
+                    u64::from(matches!(&s.acked, Acked::Only(r) if r.len() as u32 == members));
+            } else {
+                casts.0 += 1;
+                casts.1 += u64::from(s.acked == Acked::All);
+            }
+        }
+        round += 1;
+        let violations =
+            invariants.iter().map(|i| i.violations).sum::<u64>() + problems.len() as u64;
+        progress(&Progress {
+            rounds: round,
+            elapsed: started.elapsed(),
+            faults: injector.counts().values().sum(),
+            violations,
+            generation: mesh.generation().0,
+            schedule,
+        });
+        let more = match length {
+            Length::Rounds(n) => round < u64::from(n),
+            Length::Duration(d) => started.elapsed() < d,
+        };
+        if !more || mesh.status().is_done() {
+            break;
+        }
+    }
+    let status = mesh.status();
+    let generation = mesh.generation().0;
+    for o in &observers {
+        o.abort();
+    }
+    let (sup, detection, recovery) = {
+        let o = lock(&obs);
+        let sup = SupervisionLog {
+            policy: scenario.policy,
+            initial,
+            finals,
+            failures: o.failures.clone(),
+            failures_missed: o.failures_missed,
+            generations: o.generations.clone(),
+            status: status.clone(),
+            generation,
+            tolerance: Duration::from_secs(5),
+        };
+        (
+            sup,
+            LatencyStats::of(&o.detection),
+            LatencyStats::of(&o.recovery),
+        )
+    };
+    merge_into(&mut invariants, &invariant::check_restarts(&sup));
+    // End supervision first, so that stopping procs restarts nothing.
+    mesh.stop().await;
+    let proxy = cluster.proxy_counts();
+    let all: Vec<u32> = cluster
+        .allocator()
+        .history()
+        .iter()
+        .map(|r| r.pid)
+        .filter(|p| *p != 0)
+        .collect();
+    drop(procs);
+    let survivors = cluster.shutdown(Duration::from_secs(20)).await;
+    merge_into(
+        &mut invariants,
+        &invariant::check_processes(&all, &survivors, "after the cluster stopped"),
+    );
+    let report = Report {
+        name: scenario.name.clone(),
+        seed: scenario.seed,
+        mesh: (scenario.procs, scenario.per_proc),
+        policy: scenario.policy,
+        rounds: round,
+        wall: started.elapsed(),
+        faults: injector.counts().clone(),
+        recoveries: generation,
+        detection,
+        recovery,
+        casts,
+        calls,
+        deliveries_checked: checked,
+        proxy,
+        generation,
+        status,
+        invariants,
+        problems,
+    };
+    tracing::info!(scenario = %scenario.name, violations = report.violations(), "chaos scenario ends");
+    Ok(report)
+}

@@ -1,0 +1,264 @@
+//! The workload: a mesh actor ([`Tally`]) that records every message it is
+//! given, so that the controller can check, after faults, which messages
+//! each member life received and how often.
+//!
+//! Every message carries a sequence number unique in the run. A member
+//! life keeps the numbers it received as disjoint ranges (compact while
+//! deliveries are in order) and the numbers it received more than once.
+//! Each life draws a random nonce when it starts, so two lives of one rank
+//! are never confused.
+
+use std::collections::BTreeMap;
+
+use regent_mesh::{ActorError, Member, MeshActor};
+use serde::{Deserialize, Serialize};
+
+/// Ranges a life keeps at most; past it, new numbers outside them are
+/// counted but not kept (the report says so).
+pub const MAX_RANGES: usize = 1 << 16;
+/// Duplicate numbers a life keeps at most.
+pub const MAX_DUPLICATES: usize = 1024;
+/// Ranges one report carries at most (a reply must fit a frame).
+pub const MAX_REPORT_RANGES: usize = 8192;
+
+/// The workload actor: see the module documentation.
+pub struct Tally {
+    life: Life,
+    log: SeqLog,
+}
+
+/// Who a member life is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Life {
+    /// Its rank.
+    pub rank: u32,
+    /// The generation it was spawned in.
+    pub born: u64,
+    /// Random, drawn at its start.
+    pub nonce: u64,
+    /// Its OS process.
+    pub pid: u32,
+}
+
+/// What a [`Tally`] member is told.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum TallyMsg {
+    /// Record this sequence number; the reply says who recorded it.
+    Record {
+        /// The number.
+        seq: u64,
+    },
+    /// Say who you are (records nothing).
+    Probe,
+    /// Report the numbers received at or after `from`.
+    Report {
+        /// The first number of interest.
+        from: u64,
+    },
+    /// Panic in the handler: the test-only actor-panic hook. Honoured only
+    /// with the `panic-hook` feature; without it the member refuses with an
+    /// error reply... which also fails the member, so it is never sent then.
+    Panic,
+}
+
+/// A [`Tally`] member's reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TallyReply {
+    /// Who answered.
+    Life(Life),
+    /// What it received.
+    Report(LifeReport),
+}
+
+/// The numbers one life received, from a [`TallyMsg::Report`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LifeReport {
+    /// Who.
+    pub life: Life,
+    /// Disjoint, increasing, inclusive ranges of numbers received once or
+    /// more.
+    pub ranges: Vec<(u64, u64)>,
+    /// Numbers received more than once (each listed once).
+    pub duplicates: Vec<u64>,
+    /// Messages recorded in all (duplicates included).
+    pub recorded: u64,
+    /// Whether the log or the report was cut short by its bounds: the
+    /// checker must not trust absences then.
+    pub truncated: bool,
+}
+
+/// Disjoint ranges of received numbers.
+#[derive(Debug, Default, Clone)]
+pub struct SeqLog {
+    /// start -> end (inclusive).
+    ranges: BTreeMap<u64, u64>,
+    duplicates: Vec<u64>,
+    recorded: u64,
+    truncated: bool,
+}
+
+impl SeqLog {
+    /// Records one number; returns whether it was new.
+    pub fn insert(&mut self, seq: u64) -> bool {
+        self.recorded += 1;
+        let before = self.ranges.range(..=seq).next_back().map(|(s, e)| (*s, *e));
+        if let Some((_, e)) = before
+            && e >= seq
+        {
+            if self.duplicates.len() < MAX_DUPLICATES {
+                if !self.duplicates.contains(&seq) {
+                    self.duplicates.push(seq);
+                }
+            } else {
+                self.truncated = true;
+            }
+            return false;
+        }
+        let after = seq
+            .checked_add(1)
+            .and_then(|n| self.ranges.get(&n).map(|e| (n, *e)));
+        match (before, after) {
+            (Some((s, e)), Some((n, e2))) if e + 1 == seq => {
+                self.ranges.remove(&n);
+                self.ranges.insert(s, e2);
+            }
+            (Some((s, e)), _) if e + 1 == seq => {
+                self.ranges.insert(s, seq);
+            }
+            (_, Some((n, e2))) => {
+                self.ranges.remove(&n);
+                self.ranges.insert(seq, e2);
+            }
+            _ => {
+                if self.ranges.len() >= MAX_RANGES {
+                    self.truncated = true;
+                    return true;
+                }
+                self.ranges.insert(seq, seq);
+            }
+        }
+        true
+    }
+
+    /// The ranges that reach `from` or beyond (cut at `from`), at most
+    /// [`MAX_REPORT_RANGES`], and whether they were cut short.
+    pub fn since(&self, from: u64) -> (Vec<(u64, u64)>, bool) {
+        let mut out = Vec::new();
+        let start = self
+            .ranges
+            .range(..=from)
+            .next_back()
+            .filter(|(_, e)| **e >= from)
+            .map(|(s, _)| *s)
+            .unwrap_or(from);
+        for (&s, &e) in self.ranges.range(start..) {
+            if out.len() >= MAX_REPORT_RANGES {
+                return (out, true);
+            }
+            out.push((s.max(from), e));
+        }
+        (out, false)
+    }
+
+    /// Whether `seq` was received.
+    pub fn contains(&self, seq: u64) -> bool {
+        self.ranges
+            .range(..=seq)
+            .next_back()
+            .is_some_and(|(_, e)| *e >= seq)
+    }
+}
+
+/// Arguments of a [`Tally`] member (none yet; a struct so that adding some
+/// keeps the wire type).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TallyArgs {}
+
+fn nonce() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one((std::time::Instant::now(), std::process::id()))
+}
+
+impl MeshActor for Tally {
+    const NAME: &'static str = "regent-chaos/tally";
+    type Args = TallyArgs;
+    type Msg = TallyMsg;
+    type Reply = TallyReply;
+
+    async fn new(member: &Member, _args: TallyArgs) -> Result<Self, ActorError> {
+        Ok(Self {
+            life: Life {
+                rank: member.rank().0,
+                born: member.generation().0,
+                nonce: nonce(),
+                pid: std::process::id(),
+            },
+            log: SeqLog::default(),
+        })
+    }
+
+    async fn handle(&mut self, _: &Member, msg: TallyMsg) -> Result<TallyReply, ActorError> {
+        Ok(match msg {
+            TallyMsg::Record { seq } => {
+                self.log.insert(seq);
+                TallyReply::Life(self.life)
+            }
+            TallyMsg::Probe => TallyReply::Life(self.life),
+            TallyMsg::Report { from } => {
+                let (ranges, cut) = self.log.since(from);
+                let mut duplicates: Vec<u64> = self
+                    .log
+                    .duplicates
+                    .iter()
+                    .copied()
+                    .filter(|d| *d >= from)
+                    .collect();
+                duplicates.sort_unstable();
+                TallyReply::Report(LifeReport {
+                    life: self.life,
+                    ranges,
+                    duplicates,
+                    recorded: self.log.recorded,
+                    truncated: cut || self.log.truncated,
+                })
+            }
+            TallyMsg::Panic => panic_hook(self.life.rank)?,
+        })
+    }
+}
+
+#[cfg(feature = "panic-hook")]
+fn panic_hook(rank: u32) -> Result<TallyReply, ActorError> {
+    panic!("chaos: injected panic in rank {rank}");
+}
+
+#[cfg(not(feature = "panic-hook"))]
+fn panic_hook(rank: u32) -> Result<TallyReply, ActorError> {
+    Err(format!("rank {rank}: the panic hook is off (build regent-chaos with `panic-hook`)").into())
+}
+
+/// Whether this build honours [`TallyMsg::Panic`].
+pub const PANIC_HOOK: bool = cfg!(feature = "panic-hook");
+
+regent_mesh::register_actor!(Tally);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_keeps_ranges_and_duplicates() {
+        let mut log = SeqLog::default();
+        for s in [1, 2, 3, 5, 7, 6, 4] {
+            assert!(log.insert(s));
+        }
+        assert!(!log.insert(3));
+        assert_eq!(log.since(0), (vec![(1, 7)], false));
+        assert_eq!(log.duplicates, vec![3]);
+        assert!(log.insert(10));
+        assert_eq!(log.since(5), (vec![(5, 7), (10, 10)], false));
+        assert_eq!(log.since(8), (vec![(10, 10)], false));
+        assert!(log.contains(10) && !log.contains(9));
+        assert_eq!(log.recorded, 9);
+    }
+}
