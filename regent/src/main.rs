@@ -42,6 +42,14 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// The peer process of `bench rdma`: it owns the buffers (started by
+    /// it, not by hand).
+    #[command(hide = true)]
+    BenchRdmaPeer {
+        /// Directory with the peer's credentials.
+        #[arg(long)]
+        dir: PathBuf,
+    },
     /// Run a host agent: it starts procs for owners authenticated by the
     /// cluster CA (`regent host --help` lists its options).
     #[command(disable_help_flag = true)]
@@ -49,6 +57,11 @@ enum Command {
         /// The host agent's options.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Chaos runs (`regent chaos soak --duration 1h --seed S`).
+    Chaos {
+        #[command(subcommand)]
+        command: ChaosCommand,
     },
     /// Make the cluster CA and issue credentials from it.
     Ca {
@@ -86,12 +99,35 @@ enum CaCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum ChaosCommand {
+    /// Rounds of seeded faults on a mesh of this binary's procs, every
+    /// invariant checked after each; a progress bar, then a report. Exits
+    /// non-zero on any violation.
+    Soak {
+        /// How long (e.g. 1h, 30m, 90s).
+        #[arg(long, default_value = "1h", value_parser = regent::chaos::parse_duration)]
+        duration: std::time::Duration,
+        /// The seed (decimal or 0x hex); the same seed replays the same
+        /// fault timelines. Default: a fresh one, printed.
+        #[arg(long)]
+        seed: Option<regent_chaos::Seed>,
+        /// Procs in the mesh.
+        #[arg(long, default_value_t = 4)]
+        procs: u32,
+        /// Members per proc.
+        #[arg(long, default_value_t = 2)]
+        per_proc: u32,
+    },
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Suite {
     Supervision,
     Net,
     Mesh,
     Recovery,
+    Rdma,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -118,6 +154,7 @@ fn main() -> anyhow::Result<()> {
                 match suite {
                     Suite::Supervision => bench::supervision::run(opts, &mut report).await,
                     Suite::Net => bench::net::run(opts, &mut report).await,
+                    Suite::Rdma => bench::rdma::run(opts, &mut report).await,
                     Suite::Mesh => bench::mesh::run(opts, &mut report).await,
                     Suite::Recovery => bench::recovery::run(opts, &mut report).await,
                 }
@@ -128,12 +165,36 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::BenchPeer { dir } => rt.block_on(bench::net::serve_peer(&dir)),
+        Command::BenchRdmaPeer { dir } => rt.block_on(bench::rdma::serve_peer(&dir)),
         Command::Host { args } => {
             if args.iter().any(|a| a == "--help" || a == "-h") {
                 println!("{}", regent_mesh::host::server::USAGE);
                 return Ok(());
             }
             rt.block_on(regent_mesh::host::run_from_args(args))?;
+            Ok(())
+        }
+        Command::Chaos {
+            command:
+                ChaosCommand::Soak {
+                    duration,
+                    seed,
+                    procs,
+                    per_proc,
+                },
+        } => {
+            let opts = regent::chaos::SoakOptions {
+                duration,
+                seed,
+                procs,
+                per_proc,
+                ..regent::chaos::SoakOptions::default()
+            };
+            let report = rt.block_on(regent::chaos::soak(opts))?;
+            println!("{report}");
+            if report.violations() > 0 {
+                anyhow::bail!("{} invariant violation(s)", report.violations());
+            }
             Ok(())
         }
         Command::Ca { command } => ca(command),

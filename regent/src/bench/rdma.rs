@@ -1,0 +1,376 @@
+//! `regent bench rdma`: one-sided reads and writes between two OS
+//! processes, through shm and tcp, for 1 MiB, 64 MiB and 1 GiB (`--quick`:
+//! the first two), against baselines measured in the same run:
+//!
+//! - `shm_{read,write}_<size>` and `tcp_{read,write}_<size>` against a
+//!   single-thread memcpy of the same size between two populated buffers
+//!   of this process (`memcpy_<size>`);
+//! - `tcp_{read,write}_<size>_vs_raw` against a raw loopback TCP stream of
+//!   the same size between the same two processes, plain tokio sockets
+//!   (`tcp_raw_{read,write}_<size>`).
+//!
+//! The peer is this binary again (`regent bench-rdma-peer`, hidden): it
+//! owns the buffers and serves a raw TCP sink and source. This process is
+//! the reader; its local side is a registered (populated) buffer, as a
+//! real reader's would be. Each figure is the median over operations,
+//! measured in rounds that interleave every figure with its baselines, so
+//! that all see the same load on a shared machine.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use regent_net::{ClusterCa, ProcCredentials, ProcId};
+use regent_rdma::{
+    BackendKind, BackendPolicy, BufferManager, LocalBuffer, ManagerConfig, Memory, RemoteBuffer,
+};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{BenchOptions, Figure, Report, median};
+
+const SUITE: &str = "rdma";
+const OWNER: &str = "bench-owner";
+const READER: &str = "bench-reader";
+const DEADLINE: Duration = Duration::from_secs(120);
+const MIB: usize = 1 << 20;
+/// Rounds that interleave figures and baselines.
+const ROUNDS: usize = 3;
+/// The raw TCP stream's write and read size.
+const RAW_CHUNK_BYTES: usize = 4 * MIB;
+
+/// The peer process, killed and reaped on drop.
+struct PeerProcess(Child);
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn size_name(bytes: usize) -> String {
+    if bytes >= 1 << 30 {
+        format!("{}GiB", bytes >> 30)
+    } else {
+        format!("{}MiB", bytes >> 20)
+    }
+}
+
+fn gb_per_s(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64().max(1e-9) / 1e9
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        bail!("odd hex length");
+    }
+    (0..s.len() / 2)
+        .map(|i| Ok(u8::from_str_radix(&s[2 * i..2 * i + 2], 16)?))
+        .collect()
+}
+
+/// Operations per round for a transfer size: about 256 MiB per figure and
+/// round (at least one operation).
+fn ops_per_round(bytes: usize, quick: bool) -> usize {
+    let budget = if quick { 64 * MIB } else { 256 * MIB };
+    (budget / bytes).clamp(1, 64)
+}
+
+/// The peer's stdin and stdout lines.
+struct PeerLink {
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl PeerLink {
+    async fn ask(&mut self, cmd: &str) -> anyhow::Result<String> {
+        self.stdin.write_all(format!("{cmd}\n").as_bytes()).await?;
+        self.stdin.flush().await?;
+        tokio::time::timeout(DEADLINE, self.lines.next_line())
+            .await
+            .context("the peer did not answer")??
+            .context("the peer exited")
+    }
+}
+
+/// Samples of one figure.
+#[derive(Default)]
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn rate(&mut self, bytes: usize) -> f64 {
+        gb_per_s(bytes, median(&mut self.0))
+    }
+}
+
+/// Runs the suite.
+pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
+    let sizes: &[usize] = if opts.quick {
+        &[MIB, 64 * MIB]
+    } else {
+        &[MIB, 64 * MIB, 1 << 30]
+    };
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("regent-bench-rdma-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0)?;
+    let ca = ClusterCa::generate("regent bench")?;
+    ca.issue(&ProcId::new(OWNER)?)?.save(&dir.0)?;
+    let reader_creds = ca.issue(&ProcId::new(READER)?)?;
+
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("bench-rdma-peer")
+        .arg("--dir")
+        .arg(&dir.0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("spawn the bench peer")?;
+    let stdin = child.stdin.take().context("peer stdin")?;
+    let stdout = child.stdout.take().context("peer stdout")?;
+    let _peer = PeerProcess(child);
+    let mut peer = PeerLink {
+        stdin: tokio::process::ChildStdin::from_std(stdin)?,
+        lines: BufReader::new(tokio::process::ChildStdout::from_std(stdout)?).lines(),
+    };
+    let ready = tokio::time::timeout(DEADLINE, peer.lines.next_line())
+        .await
+        .context("peer did not start")??
+        .context("peer exited")?;
+    let raw_addr: std::net::SocketAddr = match ready.split_whitespace().collect::<Vec<_>>()[..] {
+        ["READY", addr] => addr.parse()?,
+        _ => bail!("unexpected peer line {ready:?}"),
+    };
+
+    let reader = BufferManager::start(ManagerConfig::default(), reader_creds).await?;
+    let mut raw = TcpStream::connect(raw_addr).await?;
+    raw.set_nodelay(true)?;
+
+    for &bytes in sizes {
+        let name = size_name(bytes);
+        let answer = peer.ask(&format!("alloc {bytes}")).await?;
+        let handle = match answer.split_whitespace().collect::<Vec<_>>()[..] {
+            ["HANDLE", h] => RemoteBuffer::decode(&unhex(h)?)?,
+            _ => bail!("unexpected peer answer {answer:?}"),
+        };
+        let mut local = reader.register(Memory::allocate(bytes)?)?;
+        let mut src = Memory::allocate(bytes)?;
+        src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        let n = ops_per_round(bytes, opts.quick);
+
+        let mut memcpy = Samples::default();
+        let mut figures: [(BackendKind, bool, Samples); 4] = [
+            (BackendKind::Shm, false, Samples::default()),
+            (BackendKind::Shm, true, Samples::default()),
+            (BackendKind::Tcp, false, Samples::default()),
+            (BackendKind::Tcp, true, Samples::default()),
+        ];
+        let mut raw_read = Samples::default();
+        let mut raw_write = Samples::default();
+        // Warm up: map the segment, open the connections.
+        for (kind, write, _) in &figures {
+            transfer(&reader, &handle, *kind, *write, &mut local).await?;
+        }
+        raw_transfer(&mut raw, false, &mut local).await?;
+        raw_transfer(&mut raw, true, &mut local).await?;
+        for _ in 0..ROUNDS {
+            for _ in 0..n {
+                let t = Instant::now();
+                local.copy_from_slice(&src);
+                memcpy.0.push(t.elapsed());
+            }
+            std::hint::black_box(&local[..]);
+            for (kind, write, samples) in &mut figures {
+                for _ in 0..n {
+                    let t = Instant::now();
+                    transfer(&reader, &handle, *kind, *write, &mut local).await?;
+                    samples.0.push(t.elapsed());
+                }
+                if *kind == BackendKind::Tcp {
+                    let raw_samples = if *write {
+                        &mut raw_write
+                    } else {
+                        &mut raw_read
+                    };
+                    for _ in 0..n {
+                        let t = Instant::now();
+                        raw_transfer(&mut raw, *write, &mut local).await?;
+                        raw_samples.0.push(t.elapsed());
+                    }
+                }
+            }
+        }
+        let memcpy_rate = memcpy.rate(bytes);
+        let memcpy_name = format!("memcpy_{name}");
+        let (raw_read_rate, raw_write_rate) = (raw_read.rate(bytes), raw_write.rate(bytes));
+        for (kind, write, samples) in &mut figures {
+            let op = if *write { "write" } else { "read" };
+            let rate = samples.rate(bytes);
+            report.push(
+                Figure::new(SUITE, &format!("{kind}_{op}_{name}"), rate, "GB/s").against(
+                    &memcpy_name,
+                    memcpy_rate,
+                    "GB/s",
+                ),
+            );
+            if *kind == BackendKind::Tcp {
+                let raw_rate = if *write {
+                    raw_write_rate
+                } else {
+                    raw_read_rate
+                };
+                report.push(
+                    Figure::new(SUITE, &format!("tcp_{op}_{name}_vs_raw"), rate, "GB/s").against(
+                        &format!("tcp_raw_{op}_{name}"),
+                        raw_rate,
+                        "GB/s",
+                    ),
+                );
+            }
+        }
+        let id = handle.id().0;
+        let answer = peer.ask(&format!("release {id}")).await?;
+        if answer != format!("RELEASED {id}") {
+            bail!("unexpected peer answer {answer:?}");
+        }
+    }
+    Ok(())
+}
+
+async fn transfer(
+    reader: &BufferManager,
+    handle: &RemoteBuffer,
+    kind: BackendKind,
+    write: bool,
+    local: &mut LocalBuffer,
+) -> anyhow::Result<()> {
+    reader.set_backend_policy(BackendPolicy::Only(kind));
+    if write {
+        reader.write_from(handle, 0, local).await?;
+    } else {
+        reader.read_into(handle, 0, local).await?;
+    }
+    Ok(())
+}
+
+/// One raw TCP transfer of `local.len()` bytes: the peer sends them (read)
+/// or receives them and acknowledges (write).
+async fn raw_transfer(raw: &mut TcpStream, write: bool, local: &mut [u8]) -> anyhow::Result<()> {
+    let mut req = [0u8; 9];
+    req[0] = if write { b'W' } else { b'R' };
+    req[1..].copy_from_slice(&(local.len() as u64).to_le_bytes());
+    raw.write_all(&req).await?;
+    if write {
+        for chunk in local.chunks(RAW_CHUNK_BYTES) {
+            raw.write_all(chunk).await?;
+        }
+        let mut ack = [0u8; 1];
+        raw.read_exact(&mut ack).await?;
+    } else {
+        for chunk in local.chunks_mut(RAW_CHUNK_BYTES) {
+            raw.read_exact(chunk).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The peer: owns the buffers the reader moves, and serves the raw TCP
+/// baseline. Prints `READY <raw tcp addr>`, then answers `alloc <bytes>`
+/// with `HANDLE <hex>` and `release <id>` with `RELEASED <id>`.
+pub async fn serve_peer(dir: &Path) -> anyhow::Result<()> {
+    let creds = ProcCredentials::load(dir, ProcId::new(OWNER)?)?;
+    let manager = BufferManager::start(ManagerConfig::default(), creds).await?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    println!("READY {}", listener.local_addr()?);
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Err(e) = serve_raw(sock).await {
+                    tracing::debug!(error = %e, "raw tcp baseline connection ended");
+                }
+            });
+        }
+    });
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(16);
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.blocking_send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut buffers = std::collections::HashMap::new();
+    while let Some(line) = rx.recv().await {
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["alloc", bytes] => {
+                let mut memory = Memory::allocate(bytes.parse()?)?;
+                memory
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, b)| *b = (i * 7) as u8);
+                let buffer = manager.register(memory)?;
+                println!("HANDLE {}", hex(&buffer.handle().encode()));
+                buffers.insert(buffer.id().0, buffer);
+            }
+            ["release", id] => {
+                let id: u64 = id.parse()?;
+                buffers.remove(&id);
+                println!("RELEASED {id}");
+            }
+            _ => println!("ERROR {line:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// The raw TCP baseline's server side: `R <len>` sends `len` bytes, `W
+/// <len>` receives them and acknowledges with one byte. Its buffer is
+/// populated, like the registered buffers.
+async fn serve_raw(mut sock: TcpStream) -> anyhow::Result<()> {
+    sock.set_nodelay(true)?;
+    let mut buf = vec![1u8; RAW_CHUNK_BYTES];
+    loop {
+        let mut req = [0u8; 9];
+        if sock.read_exact(&mut req).await.is_err() {
+            return Ok(());
+        }
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&req[1..]);
+        let mut left = u64::from_le_bytes(len) as usize;
+        match req[0] {
+            b'R' => {
+                while left > 0 {
+                    let n = left.min(buf.len());
+                    sock.write_all(&buf[..n]).await?;
+                    left -= n;
+                }
+            }
+            b'W' => {
+                while left > 0 {
+                    let n = left.min(buf.len());
+                    sock.read_exact(&mut buf[..n]).await?;
+                    left -= n;
+                }
+                sock.write_all(&[1]).await?;
+            }
+            other => bail!("unknown raw request {other}"),
+        }
+    }
+}
