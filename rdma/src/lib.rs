@@ -33,8 +33,8 @@
 //! - `ibverbs` (cargo feature): RC queue pairs and RDMA READ/WRITE through
 //!   `sideway`; [`ibverbs_available`] says whether a device is present.
 //!
-//! `SEMANTICS.md` in this crate states the contract (visibility, ordering,
-//! invalidation, limits, security); `ARCHITECTURE-rdma.md` is the code map.
+//! `docs/semantics.md` §6 states the contract (visibility, ordering,
+//! invalidation, limits, security); `ARCHITECTURE.md` has the code map.
 //!
 //! # Example
 //!

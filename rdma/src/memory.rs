@@ -167,7 +167,7 @@ impl Region {
         // SAFETY: the range lies inside the data (asserted); `dst` is a
         // distinct allocation or another mapping, so they do not overlap.
         // Concurrent writes to the same bytes by a peer are a contract
-        // violation of the application (SEMANTICS.md), as with RDMA; the
+        // violation of the application (docs/semantics.md §6), as with RDMA; the
         // bytes are plain `u8`, valid for any value.
         unsafe {
             std::ptr::copy_nonoverlapping(self.data_ptr().add(offset), dst.as_mut_ptr(), dst.len())
@@ -192,7 +192,7 @@ impl Region {
     ///
     /// # Safety
     /// The caller keeps the contract of registered memory: no peer writes
-    /// the bytes while the slice is in use (`SEMANTICS.md`).
+    /// the bytes while the slice is in use (`docs/semantics.md` §6).
     pub(crate) unsafe fn data(&self) -> &[u8] {
         // SAFETY: the data is `len_bytes` long, mapped for as long as
         // `self`; the caller vouches that nothing writes it meanwhile.

@@ -176,7 +176,7 @@ impl PeerSegment {
         // that cannot overlap another process's segment mapped here (the
         // reader's own buffers are separate mappings). Concurrent writes to
         // the same bytes by someone else are a contract violation of the
-        // application (SEMANTICS.md), and `u8` is valid for any value.
+        // application (docs/semantics.md §6), and `u8` is valid for any value.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.data.as_ptr().add(offset),
