@@ -52,17 +52,38 @@ pub trait MeshActor: Sized + Send + 'static {
     ) -> impl Future<Output = Result<Self::Reply, ActorError>> + Send;
 }
 
-/// Where a member sits: its mesh, rank, point and generation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a member sits: its mesh, rank, point and generation; and how it
+/// spawns meshes of its own.
+#[derive(Debug, Clone)]
 pub struct Member {
     pub(crate) mesh: String,
     pub(crate) rank: Rank,
     pub(crate) point: Point,
     pub(crate) generation: Generation,
     pub(crate) proc: ProcId,
+    pub(crate) link: Option<crate::child::MemberLink>,
 }
 
 impl Member {
+    /// Spawns a mesh of `B` that this member owns, on the procs of its own
+    /// mesh (`per_proc` members on each), supervised by the controller with
+    /// `policy`. When that mesh escalates, this member fails; when this
+    /// member exits or is restarted, that mesh stops.
+    pub async fn spawn_mesh<B: MeshActor>(
+        &self,
+        name: &str,
+        per_proc: u32,
+        args: &B::Args,
+        policy: crate::policy::MeshPolicy,
+    ) -> Result<crate::child::ChildMesh<B>, crate::runtime::MeshError> {
+        match &self.link {
+            Some(link) => link.spawn::<B>(name, per_proc, args, policy).await,
+            None => Err(crate::runtime::MeshError::Encode(
+                "this member cannot reach a controller (simulation)".into(),
+            )),
+        }
+    }
+
     /// The mesh's name.
     pub fn mesh(&self) -> &str {
         &self.mesh

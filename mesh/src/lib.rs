@@ -25,6 +25,7 @@ pub mod actor;
 pub mod alloc;
 pub mod boot;
 mod bootstrap;
+pub mod child;
 pub mod host;
 pub mod inproc;
 mod node;

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::actor::{EncodedReply, MemberError, MemberMsg};
 use crate::protocol::{
     CastFrame, Collect, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand, ProcReply,
-    ReplyBody, ReplyTo,
+    ReplyBody, ReplyTo, SpawnChild,
 };
 use crate::registry;
 use crate::selection::Selected;
@@ -58,6 +58,11 @@ pub(crate) trait Fabric: Send + Sync {
     fn notify(&self, port: PortId, report: MemberExited) -> BoxFuture<'_, ()> {
         let _ = (port, report);
         Box::pin(async {})
+    }
+    /// Asks the controller to spawn a mesh a member will own.
+    fn spawn_child(&self, port: PortId, request: SpawnChild) -> BoxFuture<'_, Result<(), String>> {
+        let _ = (port, request);
+        Box::pin(async { Err("this fabric cannot reach a controller".to_owned()) })
     }
 }
 

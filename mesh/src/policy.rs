@@ -96,6 +96,51 @@ impl MeshPolicy {
     }
 }
 
+/// A [`MeshPolicy`] as it travels (a member asking for a mesh gives its
+/// policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyWire {
+    on_failure: Decision,
+    max_restarts: u32,
+    period_ms: u64,
+    backoff_ms: Option<(u64, u64, u64)>,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl From<MeshPolicy> for PolicyWire {
+    fn from(p: MeshPolicy) -> Self {
+        Self {
+            on_failure: p.on_failure,
+            max_restarts: p.intensity.max_restarts,
+            period_ms: ms(p.intensity.period),
+            backoff_ms: p
+                .backoff
+                .map(|b| (ms(b.initial), ms(b.max), ms(b.reset_after))),
+        }
+    }
+}
+
+impl From<PolicyWire> for MeshPolicy {
+    fn from(w: PolicyWire) -> Self {
+        Self {
+            on_failure: w.on_failure,
+            intensity: Intensity {
+                max_restarts: w.max_restarts,
+                // A zero period would make the window meaningless.
+                period: Duration::from_millis(w.period_ms.max(1)),
+            },
+            backoff: w.backoff_ms.map(|(initial, max, reset)| Backoff {
+                initial: Duration::from_millis(initial.min(max)),
+                max: Duration::from_millis(max),
+                reset_after: Duration::from_millis(reset),
+            }),
+        }
+    }
+}
+
 /// Why members failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FailureCause {

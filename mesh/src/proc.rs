@@ -23,7 +23,7 @@ use crate::node::{self, Fabric, LocalMembers, Pending};
 use crate::policy::FailureCause;
 use crate::protocol::{
     CastFrame, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody,
-    names,
+    SpawnChild, names,
 };
 use crate::registry;
 use crate::shape::Rank;
@@ -139,6 +139,16 @@ impl Fabric for NetFabric {
         }
     }
 
+    fn spawn_child(&self, port: PortId, request: SpawnChild) -> BoxFuture<'_, Result<(), String>> {
+        async move {
+            self.endpoint
+                .send(&self.me, &port, regent_net::Generation(0), request)
+                .await
+                .map_err(|e| e.failure.to_string())
+        }
+        .boxed()
+    }
+
     fn notify(&self, port: PortId, report: MemberExited) -> BoxFuture<'_, ()> {
         async move {
             if let Err(e) = self
@@ -182,7 +192,12 @@ pub(crate) struct ProcRuntime {
     meshes: HashMap<MeshId, HostedMesh>,
     lives: Lives,
     watcher: tokio::task::JoinHandle<()>,
+    /// Meshes owned by this proc's members.
+    children: crate::child::Children,
 }
+
+/// How long a member's own requests and casts to the meshes it owns wait.
+const MEMBER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn child_id(mesh: MeshId, rank: u32, generation: regent_net::Generation) -> String {
     format!("m{}-r{rank}-g{}", mesh.0, generation.0)
@@ -219,6 +234,24 @@ impl ProcRuntime {
                 point,
                 generation: info.generation,
                 proc: self.fabric.proc().clone(),
+                link: Some(crate::child::MemberLink {
+                    fabric: self.fabric.clone(),
+                    pending: self.pending.clone(),
+                    controller: PortId {
+                        actor: info.owner.actor.clone(),
+                        port: names::SPAWN_PORT,
+                    },
+                    me: ActorId {
+                        proc: self.fabric.proc().clone(),
+                        name: regent_net::ActorName::new(names::PROC)
+                            .expect("a valid constant name"),
+                        index: 0,
+                    },
+                    mesh: info.id,
+                    rank,
+                    children: self.children.clone(),
+                    timeout: MEMBER_CALL_TIMEOUT,
+                }),
             },
             args: args.clone(),
         };
@@ -455,6 +488,7 @@ impl ProcRuntime {
             meshes: HashMap::new(),
             lives,
             watcher,
+            children: crate::child::Children::default(),
         })
     }
 
@@ -504,6 +538,19 @@ impl ProcRuntime {
                 self.fabric.reply(reply_to, ProcReply { call, body }).await;
             }
             ProcCommand::Cast(frame) => self.cast(frame).await,
+            ProcCommand::ChildInfo { info } => {
+                self.fabric.learn(&info);
+                self.children
+                    .lock()
+                    .expect("children lock")
+                    .insert(info.id, Some(Arc::new(info)));
+            }
+            ProcCommand::ChildGone { mesh } => {
+                self.children
+                    .lock()
+                    .expect("children lock")
+                    .insert(mesh, None);
+            }
             ProcCommand::Renew => {}
             ProcCommand::Exit => return Some(ProcExit::Requested),
         }

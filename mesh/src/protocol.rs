@@ -185,6 +185,17 @@ pub enum ProcCommand {
     },
     /// A cast to deliver here and forward down the tree.
     Cast(CastFrame),
+    /// A mesh owned by one of this proc's members was spawned, restarted or
+    /// moved: its current generation and procs (so the member can cast to it).
+    ChildInfo {
+        /// The owned mesh.
+        info: MeshInfo,
+    },
+    /// A mesh owned by one of this proc's members has stopped.
+    ChildGone {
+        /// The owned mesh.
+        mesh: MeshId,
+    },
     /// The owner is alive: renew its lease.
     Renew,
     /// Stop the proc itself (exit code 0).
@@ -213,6 +224,8 @@ pub enum ReplyBody {
     Stopped,
     /// The proc enrolled its members in the new generation.
     Updated,
+    /// A mesh a member asked for was spawned (its info), or why not.
+    ChildSpawned(Result<MeshInfo, String>),
     /// A subtree's result.
     Cast(Contribution),
 }
@@ -238,6 +251,34 @@ impl Message for MemberExited {
     const TYPE_NAME: &'static str = "regent/mesh/MemberExited";
 }
 
+/// A member asks the controller to spawn a mesh that it will own, on the
+/// procs of its own mesh.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpawnChild {
+    /// The member's proc's number for this request.
+    pub call: u64,
+    /// Where to answer (the member's proc's reply port).
+    pub reply_to: PortId,
+    /// The member's mesh.
+    pub parent: MeshId,
+    /// The member's rank: the owner of the new mesh.
+    pub rank: u32,
+    /// The new mesh's name.
+    pub name: String,
+    /// Its registered actor type.
+    pub actor_type: String,
+    /// Members per proc.
+    pub per_proc: u32,
+    /// The encoded arguments of every member.
+    pub args: Bytes,
+    /// Its policy.
+    pub policy: crate::policy::PolicyWire,
+}
+
+impl Message for SpawnChild {
+    const TYPE_NAME: &'static str = "regent/mesh/SpawnChild";
+}
+
 /// Names of the well-known actors of a proc.
 pub mod names {
     /// The proc runtime's actor: port 0 takes [`super::ProcCommand`]s, port 1
@@ -251,4 +292,6 @@ pub mod names {
     pub const REPLY_PORT: u32 = 1;
     /// The controller's port of [`super::MemberExited`] reports.
     pub const EVENT_PORT: u32 = 2;
+    /// The controller's port of [`super::SpawnChild`] requests.
+    pub const SPAWN_PORT: u32 = 3;
 }

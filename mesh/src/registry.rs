@@ -17,8 +17,29 @@ use crate::actor::{MemberActor, MemberMsg, MemberStart, MeshActor, decode, encod
 
 /// Registers a [`MeshActor`] type so that procs can spawn it by name.
 ///
-/// ```ignore
+/// ```
+/// use regent_mesh::{ActorError, Member, MeshActor};
+///
+/// struct Counter(u64);
+///
+/// impl MeshActor for Counter {
+///     const NAME: &'static str = "docs/counter";
+///     type Args = u64;
+///     type Msg = u64;
+///     type Reply = u64;
+///
+///     async fn new(_: &Member, start: u64) -> Result<Self, ActorError> {
+///         Ok(Self(start))
+///     }
+///
+///     async fn handle(&mut self, _: &Member, add: u64) -> Result<u64, ActorError> {
+///         self.0 += add;
+///         Ok(self.0)
+///     }
+/// }
+///
 /// regent_mesh::register_actor!(Counter);
+/// assert!(regent_mesh::registry::actor_type("docs/counter").is_some());
 /// ```
 #[macro_export]
 macro_rules! register_actor {

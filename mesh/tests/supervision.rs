@@ -329,3 +329,177 @@ async fn in_flight_calls_fail_fast_when_their_proc_dies() {
     assert_eq!(vm.failed().len(), 1);
     assert_eq!(vm.failed()[0].0, Rank(2));
 }
+
+/// A lead that spawns and drives a mesh of its own.
+struct Lead {
+    team: Option<regent_mesh::child::ChildMesh<Worker>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum LeadOp {
+    /// Spawn a team (one worker per proc) that escalates its failures.
+    Hire,
+    /// Spawn a team that restarts its failed members.
+    HireResilient,
+    /// Bump every team member; reply with how many answered.
+    Poke,
+    /// Make team member `n` fail.
+    Break(u32),
+}
+
+impl MeshActor for Lead {
+    const NAME: &'static str = "test/lead";
+    type Args = ();
+    type Msg = LeadOp;
+    type Reply = u64;
+
+    async fn new(_: &Member, (): ()) -> Result<Self, ActorError> {
+        Ok(Self { team: None })
+    }
+
+    async fn handle(&mut self, member: &Member, op: LeadOp) -> Result<u64, ActorError> {
+        match op {
+            LeadOp::Hire | LeadOp::HireResilient => {
+                let name = format!("team-{}", member.rank().0);
+                let policy = MeshPolicy::new(if matches!(op, LeadOp::Hire) {
+                    Decision::Escalate
+                } else {
+                    Decision::RestartMember
+                });
+                let team = member.spawn_mesh::<Worker>(&name, 1, &(), policy).await?;
+                self.team = Some(team);
+                Ok(0)
+            }
+            LeadOp::Poke => {
+                let Some(team) = self.team.as_ref() else {
+                    return Ok(0); // no team (yet)
+                };
+                let replies = team.call(&Selection::All, &Op::Bump).await?;
+                Ok(replies.iter().filter(|(_, r)| r.is_ok()).count() as u64)
+            }
+            LeadOp::Break(n) => {
+                let team = self.team.as_ref().ok_or("no team")?;
+                let _ = team.call(&sel(&format!("procs={n}")), &Op::Fail).await?;
+                Ok(0)
+            }
+        }
+    }
+}
+
+regent_mesh::register_actor!(Lead);
+
+/// Meshes spawned by members form the tree: a team escalates into its lead,
+/// whose mesh restarts that lead, and the orphaned team is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mesh_spawned_by_a_member_escalates_into_it_and_dies_with_it() {
+    let f = fixture(2).await;
+    let leads: ActorMesh<Lead> = f
+        .procs
+        .spawn_with("leads", 1, &(), SpawnOptions::new())
+        .await
+        .unwrap();
+    let mut failures = leads.failures();
+    let one = sel("procs=1");
+    leads
+        .call(&one, &LeadOp::Hire)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    let poked = leads
+        .call(&one, &LeadOp::Poke)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert_eq!(poked[0].1, 2, "the lead's team of two answers it");
+    // Break a team member: the team escalates; the lead at rank 1 fails.
+    let _ = leads.call(&one, &LeadOp::Break(0)).await.unwrap();
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    println!("{failure}");
+    assert_eq!(failure.ranks, vec![Rank(1)]);
+    let FailureCause::Escalated(inner) = &failure.cause else {
+        panic!("{failure}")
+    };
+    assert_eq!(inner.mesh, "team-1");
+    assert!(matches!(inner.cause, FailureCause::Actor { .. }));
+    // The lead is restarted (default policy) in a new generation, without a
+    // team: the old one died with its owner's old life.
+    leads
+        .wait_status(DEADLINE, |s| {
+            *s == MeshStatus::Running && leads.generation().0 == 1
+        })
+        .await
+        .unwrap();
+    let poked = leads
+        .call(&one, &LeadOp::Poke)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert_eq!(poked[0].1, 0, "the new life of the lead has no team");
+    assert_eq!(
+        f.rt.live_meshes(),
+        vec!["leads"],
+        "the old team died with its owner"
+    );
+    assert!(f.rt.job_failure().is_none());
+    // A new team can be hired; stopping the leads stops it too.
+    leads
+        .call(&one, &LeadOp::Hire)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    let poked = leads
+        .call(&one, &LeadOp::Poke)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert_eq!(poked[0].1, 2);
+    assert_eq!(f.rt.live_meshes(), vec!["leads", "team-1"]);
+    leads.stop().await;
+    assert!(f.rt.live_meshes().is_empty());
+}
+
+/// When a member's mesh restarts, its owner learns the new generation and
+/// keeps reaching every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_of_a_restarted_mesh_follows_its_generations() {
+    let f = fixture(2).await;
+    let leads: ActorMesh<Lead> = f.procs.spawn("leads", 1, &()).await.unwrap();
+    let zero = sel("procs=0");
+    leads
+        .call(&zero, &LeadOp::HireResilient)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    for round in 0..3 {
+        let _ = leads.call(&zero, &LeadOp::Break(round % 2)).await.unwrap();
+        // Until the team is back and the lead knows its new generation,
+        // fewer than two answer; then both do.
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let poked = leads
+                .call(&zero, &LeadOp::Poke)
+                .await
+                .unwrap()
+                .into_result()
+                .unwrap();
+            if poked[0].1 == 2 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the lead lost its team in round {round}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(leads.generation().0, 0, "the lead itself never failed");
+}

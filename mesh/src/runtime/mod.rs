@@ -176,6 +176,9 @@ fn summary(failed: &[(Rank, MemberError)]) -> String {
     parts.join("; ")
 }
 
+/// A live mesh's supervisor, and what its references share.
+type MeshEntry = (mpsc::UnboundedSender<Signal>, Arc<mesh::MeshShared>);
+
 struct Inner {
     config: RuntimeConfig,
     ca: ClusterCa,
@@ -183,8 +186,11 @@ struct Inner {
     pending: Arc<Pending>,
     next_mesh: AtomicU64,
     next_proc: AtomicU64,
-    /// Each live mesh's supervisor.
-    meshes: Mutex<HashMap<MeshId, mpsc::UnboundedSender<Signal>>>,
+    /// Each live mesh's supervisor, and what its references share.
+    meshes: Mutex<HashMap<MeshId, MeshEntry>>,
+    /// Meshes owned by members of other meshes: by owner mesh, (owner rank,
+    /// owned mesh).
+    owned: Mutex<HashMap<MeshId, Vec<(u32, MeshId)>>>,
     /// Procs whose lease the controller renews.
     leased: Mutex<HashSet<ProcId>>,
     /// Procs given up on (dead, or unreachable: zombies if they come back).
@@ -240,6 +246,7 @@ impl Runtime {
         };
         let replies = endpoint.open_port(actor.port(names::REPLY_PORT))?;
         let events = endpoint.open_port(actor.port(names::EVENT_PORT))?;
+        let spawns = endpoint.open_port(actor.port(names::SPAWN_PORT))?;
         let transport = endpoint.take_events();
         let (job, _) = watch::channel(None);
         let rt = Self {
@@ -251,6 +258,7 @@ impl Runtime {
                 next_mesh: AtomicU64::new(0),
                 next_proc: AtomicU64::new(0),
                 meshes: Mutex::new(HashMap::new()),
+                owned: Mutex::new(HashMap::new()),
                 leased: Mutex::new(HashSet::new()),
                 abandoned: Mutex::new(HashSet::new()),
                 hooked: Mutex::new(HashMap::new()),
@@ -262,6 +270,7 @@ impl Runtime {
         let mut tasks = vec![
             tokio::spawn(dispatch_replies(rt.inner.pending.clone(), replies)),
             tokio::spawn(route_member_exits(weak.clone(), events)),
+            tokio::spawn(route_spawn_requests(weak.clone(), spawns)),
             tokio::spawn(renew_leases(weak.clone())),
         ];
         if let Some(transport) = transport {
@@ -396,27 +405,113 @@ impl Runtime {
         self.inner.leased.lock().expect("leased lock").remove(proc);
     }
 
-    pub(crate) fn register_mesh(&self, id: MeshId, tx: mpsc::UnboundedSender<Signal>) {
+    pub(crate) fn register_mesh(
+        &self,
+        id: MeshId,
+        tx: mpsc::UnboundedSender<Signal>,
+        shared: Arc<mesh::MeshShared>,
+    ) {
         self.inner
             .meshes
             .lock()
             .expect("meshes lock")
-            .insert(id, tx);
+            .insert(id, (tx, shared));
+    }
+
+    /// The names of the meshes this controller supervises now, sorted.
+    pub fn live_meshes(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .inner
+            .meshes
+            .lock()
+            .expect("meshes lock")
+            .values()
+            .map(|(_, shared)| shared.info().name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The current generation's info of a live mesh.
+    pub(crate) fn mesh_info(&self, id: MeshId) -> Option<Arc<MeshInfo>> {
+        self.inner
+            .meshes
+            .lock()
+            .expect("meshes lock")
+            .get(&id)
+            .map(|(_, shared)| shared.info())
+    }
+
+    /// Records that member `rank` of `parent` owns `child`.
+    pub(crate) fn adopt(&self, parent: MeshId, rank: u32, child: MeshId) {
+        self.inner
+            .owned
+            .lock()
+            .expect("owned lock")
+            .entry(parent)
+            .or_default()
+            .push((rank, child));
+    }
+
+    /// Stops the meshes owned by `ranks` of `parent` (all of its members
+    /// when `None`), and waits until they have stopped.
+    pub(crate) async fn stop_owned(&self, parent: MeshId, ranks: Option<&[u32]>) {
+        let children: Vec<MeshId> = {
+            let mut owned = self.inner.owned.lock().expect("owned lock");
+            let Some(list) = owned.get_mut(&parent) else {
+                return;
+            };
+            let (stop, keep): (Vec<_>, Vec<_>) = list
+                .drain(..)
+                .partition(|(r, _)| ranks.is_none_or(|ranks| ranks.contains(r)));
+            *list = keep;
+            stop.into_iter().map(|(_, c)| c).collect()
+        };
+        for child in children {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if self.signal_mesh(child, Signal::StopRequested(tx)) {
+                let _ = rx.await;
+            }
+        }
+    }
+
+    /// Sends a command to a proc without waiting for an answer.
+    pub(crate) async fn tell(&self, proc: &ProcId, cmd: ProcCommand) {
+        let fabric = &self.inner.fabric;
+        if let Err(e) = fabric
+            .endpoint
+            .send(
+                &fabric.me,
+                &proc_port(proc, names::COMMAND_PORT),
+                Generation(0),
+                cmd,
+            )
+            .await
+        {
+            tracing::warn!(%proc, error = %e.failure, "could not tell a proc");
+        }
+    }
+
+    /// Answers a proc's request.
+    pub(crate) async fn answer(&self, to: regent_net::PortId, call: u64, body: ReplyBody) {
+        use crate::node::Fabric;
+        self.inner.fabric.reply(to, ProcReply { call, body }).await;
     }
 
     pub(crate) fn unregister_mesh(&self, id: MeshId) {
         self.inner.meshes.lock().expect("meshes lock").remove(&id);
+        self.inner.owned.lock().expect("owned lock").remove(&id);
     }
 
     pub(crate) fn signal_mesh(&self, id: MeshId, signal: Signal) -> bool {
         match self.inner.meshes.lock().expect("meshes lock").get(&id) {
-            Some(tx) => tx.send(signal).is_ok(),
+            Some((tx, _)) => tx.send(signal).is_ok(),
             None => false,
         }
     }
 
     fn signal_all(&self, signal: impl Fn() -> Signal) {
-        for tx in self.inner.meshes.lock().expect("meshes lock").values() {
+        for (tx, _) in self.inner.meshes.lock().expect("meshes lock").values() {
             let _ = tx.send(signal());
         }
     }
@@ -529,6 +624,29 @@ async fn route_member_exits(inner: std::sync::Weak<Inner>, mut events: regent_ne
                 }
             }
             Err(e) => tracing::warn!(error = %e, "undecodable member exit dropped"),
+        }
+    }
+}
+
+async fn route_spawn_requests(inner: std::sync::Weak<Inner>, mut requests: regent_net::Inbox) {
+    while let Some(delivery) = requests.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        let rt = Runtime { inner };
+        let request = match delivery.decode::<crate::protocol::SpawnChild>() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "undecodable spawn request dropped");
+                continue;
+            }
+        };
+        let parent = request.parent;
+        let (to, call) = (request.reply_to.clone(), request.call);
+        if !rt.signal_mesh(parent, Signal::SpawnChild(request)) {
+            let body = ReplyBody::ChildSpawned(Err(format!(
+                "the requesting member's mesh {} is no longer supervised",
+                parent.0
+            )));
+            rt.answer(to, call, body).await;
         }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
-use regent_net::{ActorName, Generation};
+use regent_net::{ActorName, Generation, ProcAddr};
 
 use super::mesh::{ActorMesh, SpawnOptions};
 use super::supervise;
@@ -103,49 +103,22 @@ impl ProcMesh {
         args: &A::Args,
         options: SpawnOptions,
     ) -> Result<ActorMesh<A>, MeshError> {
-        let rt = &self.rt;
-        ActorName::new(name)?;
-        let mut dims: Vec<(String, usize)> = self
+        let dims: Vec<(String, usize)> = self
             .shape
             .dims()
             .map(|(n, s)| (n.as_str().to_owned(), s))
             .collect();
-        dims.push((MEMBER_DIM.to_owned(), per_proc as usize));
-        let shape = Shape::new(dims)?;
-        let info = MeshInfo {
-            id: rt.next_mesh_id(),
-            name: name.to_owned(),
-            actor_type: A::NAME.to_owned(),
-            shape,
+        let on: Vec<ProcAddr> = self.initial.iter().map(|p| p.addr.clone()).collect();
+        let spec = MeshSpec {
+            name,
+            actor_type: A::NAME,
             per_proc,
-            procs: self.initial.iter().map(|p| p.addr.clone()).collect(),
-            fanout: rt.config().fanout,
-            owner: rt.event_port(),
-            generation: Generation(0),
-        };
-        info.validate().map_err(MeshError::Encode)?;
-        let args = encode(args).map_err(MeshError::Encode)?;
-        let spawns = self
-            .initial
-            .iter()
-            .enumerate()
-            .map(|(rank, p)| spawn_on(rt, &info, rank as u32, p, &args));
-        let results = join_all(spawns).await;
-        let failed = results.into_iter().find_map(Result::err);
-        let shared = supervise::start(supervise::Setup {
-            rt: rt.clone(),
-            info,
-            args,
-            allocator: self.allocator.clone(),
-            procs: self.procs.clone(),
+            args: encode(args).map_err(MeshError::Encode)?,
+            dims,
             options,
-        });
-        let mesh = ActorMesh::new(rt.clone(), shared);
-        if let Some(err) = failed {
-            mesh.stop().await;
-            return Err(err);
-        }
-        Ok(mesh)
+        };
+        let shared = spawn_mesh(&self.rt, &self.allocator, &self.procs, &on, spec).await?;
+        Ok(ActorMesh::new(self.rt.clone(), shared))
     }
 
     /// Stops every proc (SIGTERM, then SIGKILL after `grace`), replacements
@@ -167,6 +140,77 @@ impl ProcMesh {
         }
         first.map_or(Ok(()), |e| Err(e.into()))
     }
+}
+
+/// What to spawn, independent of the actor's type.
+pub(super) struct MeshSpec<'a> {
+    pub(super) name: &'a str,
+    pub(super) actor_type: &'a str,
+    pub(super) per_proc: u32,
+    pub(super) args: bytes::Bytes,
+    /// The dimensions of the procs (the mesh adds [`MEMBER_DIM`]).
+    pub(super) dims: Vec<(String, usize)>,
+    pub(super) options: SpawnOptions,
+}
+
+/// Spawns a mesh on the procs `on` (by proc rank) and starts its
+/// supervisor; if a member fails to start, the others are stopped.
+pub(super) async fn spawn_mesh(
+    rt: &Runtime,
+    allocator: &Arc<dyn Allocator>,
+    procs: &Arc<Mutex<Vec<AllocatedProc>>>,
+    on: &[ProcAddr],
+    spec: MeshSpec<'_>,
+) -> Result<Arc<super::mesh::MeshShared>, MeshError> {
+    ActorName::new(spec.name)?;
+    let mut dims = spec.dims;
+    dims.push((MEMBER_DIM.to_owned(), spec.per_proc as usize));
+    let shape = Shape::new(dims)?;
+    let info = MeshInfo {
+        id: rt.next_mesh_id(),
+        name: spec.name.to_owned(),
+        actor_type: spec.actor_type.to_owned(),
+        shape,
+        per_proc: spec.per_proc,
+        procs: on.to_vec(),
+        fanout: rt.config().fanout,
+        owner: rt.event_port(),
+        generation: Generation(0),
+    };
+    info.validate().map_err(MeshError::Encode)?;
+    let spawns = on.iter().enumerate().map(|(rank, addr)| {
+        let proc = AllocatedProc {
+            proc: addr.proc.clone(),
+            addr: addr.clone(),
+            host: String::new(),
+            pid: 0,
+        };
+        let info = &info;
+        let args = &spec.args;
+        async move { spawn_on(rt, info, rank as u32, &proc, args).await }
+    });
+    let results = join_all(spawns).await;
+    let failed = results.into_iter().find_map(Result::err);
+    let shared = supervise::start(supervise::Setup {
+        rt: rt.clone(),
+        info,
+        args: spec.args,
+        allocator: allocator.clone(),
+        procs: procs.clone(),
+        options: spec.options,
+    });
+    if let Some(err) = failed {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if shared
+            .supervisor
+            .send(supervise::Signal::StopRequested(tx))
+            .is_ok()
+        {
+            let _ = rx.await;
+        }
+        return Err(err);
+    }
+    Ok(shared)
 }
 
 /// Spawns proc `rank`'s members of a mesh on `proc`.

@@ -16,11 +16,11 @@ use regent_net::{Generation, ProcId};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use super::mesh::{FailureHook, MeshShared, MeshStatus, SpawnOptions};
-use super::procs::{spawn_on, spawned};
+use super::procs::{MeshSpec, spawn_mesh, spawn_on, spawned};
 use super::{MeshError, Runtime};
 use crate::alloc::{AllocatedProc, Allocator, ProcEvent};
 use crate::policy::{FailureCause, MeshAction, MeshEvent, MeshFailure, MeshMachine};
-use crate::protocol::{MemberExited, MeshId, MeshInfo, ProcCommand};
+use crate::protocol::{MemberExited, MeshId, MeshInfo, ProcCommand, ReplyBody, SpawnChild};
 use crate::shape::Rank;
 
 /// The bound on queued failure observations per mesh.
@@ -47,6 +47,8 @@ pub(crate) enum Signal {
         /// The owned mesh's failure.
         failure: MeshFailure,
     },
+    /// A member of this mesh asks for a mesh it will own.
+    SpawnChild(SpawnChild),
     /// The job is stopping: stop.
     Stop,
     /// The owner asked to stop; answer when done.
@@ -88,7 +90,10 @@ pub(crate) fn start(setup: Setup) -> Arc<MeshShared> {
         failures: broadcast::channel(FAILURES).0,
         supervisor: tx.clone(),
     });
-    setup.rt.register_mesh(id, tx);
+    setup.rt.register_mesh(id, tx, shared.clone());
+    if let Some((parent, rank)) = setup.options.owner {
+        setup.rt.adopt(parent, rank.0, id);
+    }
     let s = Supervisor {
         rt: setup.rt,
         shared: shared.clone(),
@@ -110,15 +115,17 @@ impl Supervisor {
             match signal {
                 Signal::StopRequested(done) => {
                     self.stop_members().await;
-                    self.finish(MeshStatus::Stopped(None));
+                    self.finish(MeshStatus::Stopped(None)).await;
                     let _ = done.send(());
                     return;
                 }
                 Signal::Stop => {
                     self.stop_members().await;
-                    self.finish(MeshStatus::Stopped(self.rt.job_failure()));
+                    self.finish(MeshStatus::Stopped(self.rt.job_failure()))
+                        .await;
                     return;
                 }
+                Signal::SpawnChild(request) => self.spawn_child(request).await,
                 other => {
                     let Some(failure) = self.failure_of(other) else {
                         continue;
@@ -145,29 +152,33 @@ impl Supervisor {
                     ..
                 } => {
                     self.shared.status.send_replace(MeshStatus::Restarting);
+                    // The meshes the failed members owned go with them.
+                    let owners: Vec<u32> = ranks.iter().map(|r| r.0).collect();
+                    self.rt.stop_owned(self.shared.id, Some(&owners)).await;
                     tokio::time::sleep(delay).await;
                     let r = self.restart_members(&ranks, generation).await;
-                    self.after_restart(r, ranks, generation, &mut actions);
+                    self.after_restart(r, ranks, generation, &mut actions).await;
                 }
                 MeshAction::RestartMesh { generation, delay } => {
                     self.shared.status.send_replace(MeshStatus::Restarting);
+                    self.rt.stop_owned(self.shared.id, None).await;
                     self.stop_members().await;
                     tokio::time::sleep(delay).await;
                     let r = self.restart_mesh(generation).await;
                     let all = (0..self.shared.info().shape.len() as u32)
                         .map(Rank)
                         .collect();
-                    self.after_restart(r, all, generation, &mut actions);
+                    self.after_restart(r, all, generation, &mut actions).await;
                 }
                 MeshAction::Stop { failure } => {
                     self.stop_members().await;
-                    self.finish(MeshStatus::Stopped(Some(failure)));
+                    self.finish(MeshStatus::Stopped(Some(failure))).await;
                     return true;
                 }
                 MeshAction::Escalate { failure, exhausted } => {
                     tracing::error!(%failure, exhausted, "mesh escalates");
                     self.stop_members().await;
-                    self.finish(MeshStatus::Escalated(failure.clone()));
+                    self.finish(MeshStatus::Escalated(failure.clone())).await;
                     self.escalate(failure);
                     return true;
                 }
@@ -179,7 +190,7 @@ impl Supervisor {
     /// Ends a restart; a failed one is reported (to observers, the hook and
     /// the machine) as a start failure of the restarted ranks in the new
     /// generation.
-    fn after_restart(
+    async fn after_restart(
         &mut self,
         r: Result<(), MeshError>,
         ranks: Vec<Rank>,
@@ -190,6 +201,7 @@ impl Supervisor {
         match r {
             Ok(()) => {
                 self.shared.status.send_replace(MeshStatus::Running);
+                self.tell_owner(false).await;
                 actions.extend(self.machine.handle(now, MeshEvent::Restarted(Ok(()))));
             }
             Err(e) => {
@@ -218,9 +230,81 @@ impl Supervisor {
         self.machine.handle(Instant::now(), event)
     }
 
-    fn finish(&self, status: MeshStatus) {
+    /// Ends the mesh: what it owns stops first, then its status is final
+    /// and its owner member's proc learns it is gone.
+    async fn finish(&self, status: MeshStatus) {
+        self.rt.stop_owned(self.shared.id, None).await;
         self.shared.status.send_replace(status);
         self.rt.unregister_mesh(self.shared.id);
+        self.tell_owner(true).await;
+    }
+
+    /// Tells the proc of the member that owns this mesh (if a member does)
+    /// about its new generation, or that it is gone.
+    async fn tell_owner(&self, gone: bool) {
+        let Some((parent, rank)) = self.owner else {
+            return;
+        };
+        let Some(parent) = self.rt.mesh_info(parent) else {
+            return;
+        };
+        let Some(addr) = parent.procs.get((rank.0 / parent.per_proc) as usize) else {
+            return;
+        };
+        let info = self.shared.info();
+        let cmd = if gone {
+            ProcCommand::ChildGone { mesh: info.id }
+        } else {
+            ProcCommand::ChildInfo {
+                info: (*info).clone(),
+            }
+        };
+        self.rt.tell(&addr.proc, cmd).await;
+    }
+
+    /// Spawns a mesh owned by one of this mesh's members, on this mesh's
+    /// procs, and answers the member's proc.
+    async fn spawn_child(&mut self, request: SpawnChild) {
+        let info = self.shared.info();
+        let result = if request.rank >= info.shape.len() as u32 {
+            Err(format!(
+                "no member of rank {} in {}",
+                request.rank, info.name
+            ))
+        } else {
+            let dims: Vec<(String, usize)> = info
+                .shape
+                .dims()
+                .take(info.shape.ndim().saturating_sub(1))
+                .map(|(n, s)| (n.as_str().to_owned(), s))
+                .collect();
+            let spec = MeshSpec {
+                name: &request.name,
+                actor_type: &request.actor_type,
+                per_proc: request.per_proc,
+                args: request.args.clone(),
+                dims,
+                options: SpawnOptions {
+                    policy: request.policy.into(),
+                    hook: None,
+                    owner: Some((info.id, Rank(request.rank))),
+                },
+            };
+            match spawn_mesh(&self.rt, &self.allocator, &self.procs, &info.procs, spec).await {
+                Ok(child) => Ok((*child.info()).clone()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        if let Err(e) = &result {
+            tracing::warn!(mesh = %info.name, rank = request.rank, error = %e, "a member's mesh did not spawn");
+        }
+        self.rt
+            .answer(
+                request.reply_to,
+                request.call,
+                ReplyBody::ChildSpawned(result),
+            )
+            .await;
     }
 
     fn escalate(&self, failure: MeshFailure) {
@@ -323,7 +407,7 @@ impl Supervisor {
                 cause: FailureCause::Escalated(Box::new(failure)),
                 generation: info.generation,
             }),
-            Signal::Stop | Signal::StopRequested(_) => None,
+            Signal::Stop | Signal::StopRequested(_) | Signal::SpawnChild(_) => None,
         }
     }
 
