@@ -754,8 +754,13 @@ pub async fn run(
         for w in workers {
             let _ = w.await;
         }
-        if let Err(e) = settle(&mesh, scenario.settle_timeout, scenario.quiet).await {
-            problems.push(format!("round {round}: {e}"));
+        let settled = settle(&mesh, scenario.settle_timeout, scenario.quiet).await;
+        if let Err(e) = &settled {
+            problems.push(format!(
+                "round {round}: {e}; generation {}, status {:?}",
+                mesh.generation().0,
+                mesh.status()
+            ));
         }
         lock(&obs).expected.clear();
         // Zombies: procs abandoned by the mesh must exit once healed.
@@ -831,6 +836,12 @@ pub async fn run(
             Length::Rounds(n) => round < u64::from(n),
             Length::Duration(d) => started.elapsed() < d,
         };
+        if settled.is_err() {
+            problems.push(format!(
+                "the run stops after round {round}: its mesh did not recover"
+            ));
+            break;
+        }
         if !more || mesh.status().is_done() {
             break;
         }
@@ -860,8 +871,17 @@ pub async fn run(
         )
     };
     merge_into(&mut invariants, &invariant::check_restarts(&sup));
-    // End supervision first, so that stopping procs restarts nothing.
-    mesh.stop().await;
+    // End supervision first, so that stopping procs restarts nothing. A
+    // supervisor stuck in a restart never takes the request: bounded.
+    if tokio::time::timeout(Duration::from_secs(30), mesh.stop())
+        .await
+        .is_err()
+    {
+        problems.push(
+            "the mesh's supervisor did not stop within 30s of being asked (busy in a restart)"
+                .into(),
+        );
+    }
     let proxy = cluster.proxy_counts();
     let all: Vec<u32> = cluster
         .allocator()

@@ -10,4 +10,5 @@ pub use regent_net as net;
 pub use regent_supervisor as supervisor;
 
 pub mod bench;
+pub mod chaos;
 pub mod demo;

@@ -58,6 +58,11 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Chaos runs (`regent chaos soak --duration 1h --seed S`).
+    Chaos {
+        #[command(subcommand)]
+        command: ChaosCommand,
+    },
     /// Make the cluster CA and issue credentials from it.
     Ca {
         #[command(subcommand)]
@@ -91,6 +96,28 @@ enum CaCommand {
         /// Where to write the credentials (default: the CA's directory).
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ChaosCommand {
+    /// Rounds of seeded faults on a mesh of this binary's procs, every
+    /// invariant checked after each; a progress bar, then a report. Exits
+    /// non-zero on any violation.
+    Soak {
+        /// How long (e.g. 1h, 30m, 90s).
+        #[arg(long, default_value = "1h", value_parser = regent::chaos::parse_duration)]
+        duration: std::time::Duration,
+        /// The seed (decimal or 0x hex); the same seed replays the same
+        /// fault timelines. Default: a fresh one, printed.
+        #[arg(long)]
+        seed: Option<regent_chaos::Seed>,
+        /// Procs in the mesh.
+        #[arg(long, default_value_t = 4)]
+        procs: u32,
+        /// Members per proc.
+        #[arg(long, default_value_t = 2)]
+        per_proc: u32,
     },
 }
 
@@ -145,6 +172,29 @@ fn main() -> anyhow::Result<()> {
                 return Ok(());
             }
             rt.block_on(regent_mesh::host::run_from_args(args))?;
+            Ok(())
+        }
+        Command::Chaos {
+            command:
+                ChaosCommand::Soak {
+                    duration,
+                    seed,
+                    procs,
+                    per_proc,
+                },
+        } => {
+            let opts = regent::chaos::SoakOptions {
+                duration,
+                seed,
+                procs,
+                per_proc,
+                ..regent::chaos::SoakOptions::default()
+            };
+            let report = rt.block_on(regent::chaos::soak(opts))?;
+            println!("{report}");
+            if report.violations() > 0 {
+                anyhow::bail!("{} invariant violation(s)", report.violations());
+            }
             Ok(())
         }
         Command::Ca { command } => ca(command),
