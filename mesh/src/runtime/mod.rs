@@ -176,6 +176,35 @@ fn summary(failed: &[(Rank, MemberError)]) -> String {
     parts.join("; ")
 }
 
+/// The bound on remembered lost procs; the oldest are forgotten first.
+const MAX_LOST: usize = 1 << 16;
+
+#[derive(Default)]
+struct LostProcs {
+    set: HashSet<ProcId>,
+    order: std::collections::VecDeque<ProcId>,
+}
+
+impl LostProcs {
+    /// Records a lost proc; returns whether it is new.
+    fn insert(&mut self, proc: ProcId) -> bool {
+        if !self.set.insert(proc.clone()) {
+            return false;
+        }
+        self.order.push_back(proc);
+        if self.order.len() > MAX_LOST
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.set.remove(&oldest);
+        }
+        true
+    }
+
+    fn contains(&self, proc: &ProcId) -> bool {
+        self.set.contains(proc)
+    }
+}
+
 /// A live mesh's supervisor, and what its references share.
 type MeshEntry = (mpsc::UnboundedSender<Signal>, Arc<mesh::MeshShared>);
 
@@ -195,6 +224,11 @@ struct Inner {
     leased: Mutex<HashSet<ProcId>>,
     /// Procs given up on (dead, or unreachable: zombies if they come back).
     abandoned: Mutex<HashSet<ProcId>>,
+    /// Procs known to be dead or unreachable, as soon as any report says so
+    /// (before any mesh supervisor has handled it): requests to them fail at
+    /// once, and restarts replace them.
+    lost: Mutex<LostProcs>,
+    lost_changed: tokio::sync::Notify,
     /// Allocators whose events are already being routed (by address), which
     /// also see every transport event.
     hooked: Mutex<HashMap<usize, Arc<dyn Allocator>>>,
@@ -261,6 +295,8 @@ impl Runtime {
                 owned: Mutex::new(HashMap::new()),
                 leased: Mutex::new(HashSet::new()),
                 abandoned: Mutex::new(HashSet::new()),
+                lost: Mutex::new(LostProcs::default()),
+                lost_changed: tokio::sync::Notify::new(),
                 hooked: Mutex::new(HashMap::new()),
                 job,
                 tasks: Mutex::new(Vec::new()),
@@ -392,12 +428,26 @@ impl Runtime {
     /// Gives up on a proc: no more lease renewals; if it comes back, it is
     /// told to exit.
     pub(crate) fn abandon(&self, proc: &ProcId) {
+        self.mark_lost(proc);
         self.inner.leased.lock().expect("leased lock").remove(proc);
         self.inner
             .abandoned
             .lock()
             .expect("abandoned lock")
             .insert(proc.clone());
+    }
+
+    /// Records that a proc is dead or unreachable, and wakes the requests
+    /// waiting on it.
+    pub(crate) fn mark_lost(&self, proc: &ProcId) {
+        if self.inner.lost.lock().expect("lost lock").insert(proc.clone()) {
+            self.inner.lost_changed.notify_waiters();
+        }
+    }
+
+    /// Whether a proc is known to be dead or unreachable.
+    pub(crate) fn is_lost(&self, proc: &ProcId) -> bool {
+        self.inner.lost.lock().expect("lost lock").contains(proc)
     }
 
     /// Stops renewing a proc's lease (it is being stopped).
@@ -551,6 +601,14 @@ impl Runtime {
         build: impl FnOnce(u64) -> ProcCommand,
         what: &str,
     ) -> Result<ReplyBody, MeshError> {
+        let lost = || MeshError::Spawn {
+            mesh: what.to_owned(),
+            proc: proc.clone(),
+            message: "the proc is lost (it exited, or its host or link failed)".into(),
+        };
+        if self.is_lost(proc) {
+            return Err(lost());
+        }
         let (call, answer) = self.inner.pending.request();
         let cmd = build(call);
         let fabric = &self.inner.fabric;
@@ -572,14 +630,31 @@ impl Runtime {
             });
         }
         let after = self.inner.config.call_timeout;
-        match tokio::time::timeout(after, answer).await {
-            Ok(Ok(body)) => Ok(body),
-            Ok(Err(_)) | Err(_) => {
+        let answer = tokio::time::timeout(after, answer);
+        tokio::pin!(answer);
+        loop {
+            // Registered before the check, so no loss is missed in between.
+            let changed = self.inner.lost_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_lost(proc) {
                 self.inner.pending.forget(call);
-                Err(MeshError::Timeout {
-                    what: format!("{what} on {proc}"),
-                    after,
-                })
+                return Err(lost());
+            }
+            tokio::select! {
+                r = &mut answer => {
+                    return match r {
+                        Ok(Ok(body)) => Ok(body),
+                        Ok(Err(_)) | Err(_) => {
+                            self.inner.pending.forget(call);
+                            Err(MeshError::Timeout {
+                                what: format!("{what} on {proc}"),
+                                after,
+                            })
+                        }
+                    };
+                }
+                () = &mut changed => {}
             }
         }
     }
@@ -661,6 +736,7 @@ async fn route_proc_events(inner: std::sync::Weak<Inner>, mut events: mpsc::Rece
         };
         for p in &procs {
             rt.release(p);
+            rt.mark_lost(p);
         }
         rt.signal_all(|| Signal::Proc(event.clone()));
     }
@@ -685,6 +761,7 @@ async fn route_transport_events(
         let rt = Runtime { inner };
         match event {
             TransportEvent::LinkFailed { peer, cause, .. } => {
+                rt.mark_lost(&peer);
                 let detail = cause.to_string();
                 rt.signal_all(|| Signal::Link {
                     proc: peer.clone(),
@@ -692,6 +769,7 @@ async fn route_transport_events(
                 });
             }
             TransportEvent::LinkClosed { peer, cause } => {
+                rt.mark_lost(&peer);
                 let detail = cause.to_string();
                 rt.signal_all(|| Signal::Link {
                     proc: peer.clone(),

@@ -417,13 +417,20 @@ impl Supervisor {
         &mut self,
         info: &mut MeshInfo,
     ) -> Result<Vec<(u32, AllocatedProc)>, MeshError> {
+        // Lost procs too, even if their loss has not reached this
+        // supervisor yet (it may have happened during the restart).
         let gone: Vec<u32> = info
             .procs
             .iter()
             .enumerate()
-            .filter(|(_, a)| self.dead.contains(&a.proc))
+            .filter(|(_, a)| self.dead.contains(&a.proc) || self.rt.is_lost(&a.proc))
             .map(|(i, _)| i as u32)
             .collect();
+        for &rank in &gone {
+            let proc = info.procs[rank as usize].proc.clone();
+            self.dead.insert(proc.clone());
+            self.rt.abandon(&proc);
+        }
         if gone.is_empty() {
             return Ok(Vec::new());
         }
@@ -536,7 +543,7 @@ impl Supervisor {
     async fn stop_members(&self) {
         let info = self.shared.info();
         for addr in info.procs.iter().rev() {
-            if self.dead.contains(&addr.proc) {
+            if self.dead.contains(&addr.proc) || self.rt.is_lost(&addr.proc) {
                 continue;
             }
             let reply_to = self.rt.reply_port();
