@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use regent_mesh::alloc::{Allocator, LocalAllocator};
+use regent_mesh::alloc::{Allocator, LocalAllocator, LocalConfig};
 use regent_mesh::{ProcMesh, Runtime, RuntimeConfig, Shape};
 
 use crate::ChaosError;
@@ -34,6 +34,11 @@ pub struct ClusterConfig {
     pub runtime: RuntimeConfig,
     /// Every proxy's configuration. Default [`ProxyConfig::default`].
     pub proxy: ProxyConfig,
+    /// Arguments of the proc program. Default none. (To start procs in a
+    /// network namespace: program `ip`, arguments `netns exec NS PROGRAM`.)
+    pub proc_args: Vec<String>,
+    /// The IP procs bind. Default 127.0.0.1.
+    pub proc_bind_ip: std::net::IpAddr,
     /// How long a proc may take to report ready. Default 30 s.
     pub start_timeout: Duration,
     /// SIGTERM-to-SIGKILL grace when the cluster stops. Default 2 s.
@@ -48,6 +53,8 @@ impl Default for ClusterConfig {
                 .owner_lease(Duration::from_secs(3))
                 .call_timeout(Duration::from_secs(8)),
             proxy: ProxyConfig::default(),
+            proc_args: Vec::new(),
+            proc_bind_ip: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             start_timeout: Duration::from_secs(30),
             stop_grace: Duration::from_secs(2),
         }
@@ -64,6 +71,28 @@ impl ClusterConfig {
     /// Sets the controller's configuration.
     pub fn runtime(mut self, runtime: RuntimeConfig) -> Self {
         self.runtime = runtime;
+        self
+    }
+
+    /// Sets the proc program's arguments.
+    pub fn proc_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.proc_args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the IP procs bind.
+    pub fn proc_bind_ip(mut self, ip: std::net::IpAddr) -> Self {
+        self.proc_bind_ip = ip;
+        self
+    }
+
+    /// Sets the start timeout of procs.
+    pub fn start_timeout(mut self, timeout: Duration) -> Self {
+        self.start_timeout = timeout;
         self
     }
 
@@ -131,11 +160,14 @@ impl ChaosCluster {
                 std::env::current_exe().map_err(|e| ChaosError::io("finding this executable", e))?
             }
         };
+        let local_config = LocalConfig::default()
+            .program(program)
+            .args(config.proc_args.clone())
+            .bind_ip(config.proc_bind_ip)
+            .start_timeout(config.start_timeout);
         let local = Arc::new(
-            LocalAllocator::new(rt.endpoint().clone())
-                .map_err(regent_mesh::MeshError::from)?
-                .program(program)
-                .start_timeout(config.start_timeout),
+            LocalAllocator::with_config(rt.endpoint().clone(), local_config)
+                .map_err(regent_mesh::MeshError::from)?,
         );
         let inner: Arc<dyn Allocator> = local.clone();
         let alloc = Arc::new(ChaosAllocator::new(

@@ -17,6 +17,7 @@ use regent_mesh::{ActorMesh, Rank, Selection};
 use regent_net::ProcId;
 
 use crate::alloc::ChaosAllocator;
+use crate::netns::Hosts;
 use crate::network::{Direction, LinkFaults, Network, NodeId, Rules};
 use crate::schedule::{Fault, FaultKind, ScheduledFault, Target};
 use crate::workload::{Tally, TallyMsg};
@@ -55,6 +56,9 @@ pub struct Injector {
     paused: HashMap<u64, ProcId>,
     counts: BTreeMap<FaultKind, u64>,
     stop_grace: Duration,
+    hosts: Option<Arc<Hosts>>,
+    /// Host faults in force, to undo.
+    host_faults: HashMap<u64, Fault>,
 }
 
 impl std::fmt::Debug for Injector {
@@ -78,6 +82,37 @@ impl Injector {
             paused: HashMap::new(),
             counts: BTreeMap::new(),
             stop_grace: Duration::from_secs(1),
+            hosts: None,
+            host_faults: HashMap::new(),
+        }
+    }
+
+    /// Lets it play kernel-level faults between these namespace hosts.
+    pub fn with_hosts(mut self, hosts: Option<Arc<Hosts>>) -> Self {
+        self.hosts = hosts;
+        self
+    }
+
+    fn host_op(&self, fault: &Fault, undo: bool) -> bool {
+        let Some(h) = &self.hosts else {
+            tracing::warn!(%fault, "a host fault without namespace hosts: skipped");
+            return false;
+        };
+        let r = match (fault, undo) {
+            (Fault::HostCut { host }, false) => h.cut(*host),
+            (Fault::HostCut { host }, true) => h.heal(*host),
+            (Fault::HostFirewall { host }, false) => h.drop_all(*host),
+            (Fault::HostFirewall { host }, true) => h.undrop_all(*host),
+            (Fault::HostBlock { from, to }, false) => h.block(*from, *to),
+            (Fault::HostBlock { from, to }, true) => h.unblock(*from, *to),
+            _ => return false,
+        };
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%fault, undo, error = %e, "host fault failed");
+                false
+            }
         }
     }
 
@@ -225,6 +260,12 @@ impl Injector {
                 };
                 self.net.insert(id, NetPiece::Degrade(node, *faults));
             }
+            Fault::HostCut { .. } | Fault::HostFirewall { .. } | Fault::HostBlock { .. } => {
+                if !self.host_op(fault, false) {
+                    return inj;
+                }
+                self.host_faults.insert(id, fault.clone());
+            }
         }
         if fault.kind().is_link_fault() {
             self.apply_net();
@@ -244,6 +285,10 @@ impl Injector {
             }
             tracing::info!(id, proc = %p, "fault ended: resumed");
         }
+        if let Some(f) = self.host_faults.remove(&id) {
+            self.host_op(&f, true);
+            tracing::info!(id, %f, "fault ended: host healed");
+        }
         if self.net.remove(&id).is_some() {
             self.apply_net();
             tracing::info!(id, "fault ended: network rule removed");
@@ -253,7 +298,8 @@ impl Injector {
     /// Ends every fault in force: a clean network, every paused proc
     /// resumed.
     pub async fn heal_all(&mut self) {
-        let ids: Vec<u64> = self.paused.keys().copied().collect();
+        let mut ids: Vec<u64> = self.paused.keys().copied().collect();
+        ids.extend(self.host_faults.keys().copied());
         for id in ids {
             self.end(id).await;
         }

@@ -82,7 +82,7 @@ pub struct Scenario {
     /// The workload.
     pub workload: WorkloadConfig,
     /// How long the mesh may take to run and answer again after healing.
-    /// Default 60 s.
+    /// Default 40 s (a healthy recovery takes a few seconds).
     pub settle_timeout: Duration,
     /// A quiet period with no restart that counts as settled. Default
     /// 2.5 s (over the 1 s failure timeout of procs).
@@ -92,6 +92,9 @@ pub struct Scenario {
     /// How long abandoned procs may run after healing, past the owner
     /// lease. Default 5 s.
     pub zombie_slack: Duration,
+    /// Namespace hosts for kernel-level host faults in the timeline.
+    /// Default none.
+    pub hosts: Option<Arc<crate::netns::Hosts>>,
 }
 
 impl Scenario {
@@ -107,11 +110,18 @@ impl Scenario {
             schedule: ScheduleConfig::default(),
             timeline: None,
             workload: WorkloadConfig::default(),
-            settle_timeout: Duration::from_secs(60),
+            settle_timeout: Duration::from_secs(40),
             quiet: Duration::from_millis(2500),
             call_slack: Duration::from_secs(3),
             zombie_slack: Duration::from_secs(5),
+            hosts: None,
         }
+    }
+
+    /// Lets the timeline cut these namespace hosts.
+    pub fn hosts(mut self, hosts: Arc<crate::netns::Hosts>) -> Self {
+        self.hosts = Some(hosts);
+        self
     }
 
     /// Sets the mesh's size.
@@ -697,7 +707,8 @@ pub async fn run(
         tokio::spawn(watch_failures(mesh.clone(), obs.clone())),
         tokio::spawn(sample_generations(mesh.clone(), obs.clone())),
     ];
-    let mut injector = Injector::new(cluster.allocator().clone(), mesh.clone());
+    let mut injector =
+        Injector::new(cluster.allocator().clone(), mesh.clone()).with_hosts(scenario.hosts.clone());
     let seq = Arc::new(AtomicU64::new(1));
     let mut invariants: Vec<InvariantResult> = invariant::names::ALL
         .iter()
@@ -783,7 +794,7 @@ pub async fn run(
         );
         let to = seq.load(Ordering::Relaxed);
         let ledger = std::mem::take(&mut *lock(&ledger));
-        if !mesh.status().is_done() {
+        if settled.is_ok() && !mesh.status().is_done() {
             match reports(&mesh, from).await {
                 Ok(reps) => {
                     finals = reps.iter().map(|r| (r.life.rank, r.life)).collect();
@@ -792,7 +803,12 @@ pub async fn run(
                     merge_into(&mut invariants, &lost);
                     merge_into(&mut invariants, &once);
                 }
-                Err(e) => problems.push(format!("round {round}: {e}")),
+                Err(e) => {
+                    // Who lives now is unknown: the restarted set is not
+                    // checked against stale lives.
+                    finals.clear();
+                    problems.push(format!("round {round}: {e}"));
+                }
             }
         } else {
             finals.clear();
@@ -873,12 +889,12 @@ pub async fn run(
     merge_into(&mut invariants, &invariant::check_restarts(&sup));
     // End supervision first, so that stopping procs restarts nothing. A
     // supervisor stuck in a restart never takes the request: bounded.
-    if tokio::time::timeout(Duration::from_secs(30), mesh.stop())
+    if tokio::time::timeout(Duration::from_secs(10), mesh.stop())
         .await
         .is_err()
     {
         problems.push(
-            "the mesh's supervisor did not stop within 30s of being asked (busy in a restart)"
+            "the mesh's supervisor did not stop within 10s of being asked (busy in a restart)"
                 .into(),
         );
     }

@@ -60,10 +60,19 @@ pub enum FaultKind {
     Reorder,
     /// A bandwidth cap.
     Bandwidth,
+    /// A namespace host's switch port down (root; never generated).
+    HostCut,
+    /// A namespace host's firewall dropping all its traffic (root, nftables;
+    /// never generated).
+    HostFirewall,
+    /// Traffic from one namespace host to another dropped at the bridge
+    /// (root, nftables; never generated).
+    HostBlock,
 }
 
 impl FaultKind {
-    /// Every kind, in a fixed order.
+    /// Every kind a schedule generates, in a fixed order (the kernel-level
+    /// host faults need namespaces and come only in given timelines).
     pub const ALL: [Self; 12] = [
         Self::Kill,
         Self::Stop,
@@ -94,6 +103,9 @@ impl FaultKind {
             Self::Duplicate => "duplicate",
             Self::Reorder => "reorder",
             Self::Bandwidth => "bandwidth",
+            Self::HostCut => "host-link-down",
+            Self::HostFirewall => "host-firewall-drop",
+            Self::HostBlock => "host-one-way-block",
         }
     }
 
@@ -156,6 +168,24 @@ pub enum Fault {
         /// Which kind of degradation this is (for counts).
         kind: FaultKind,
     },
+    /// Take a namespace host's switch port down (both ways).
+    HostCut {
+        /// The host (1-based).
+        host: u32,
+    },
+    /// Make a namespace host's firewall drop all its traffic (nftables).
+    HostFirewall {
+        /// The host (1-based).
+        host: u32,
+    },
+    /// Drop traffic from one namespace host to another at the bridge (host
+    /// 0 is the root namespace, where the controller runs).
+    HostBlock {
+        /// From this host.
+        from: u32,
+        /// To this one.
+        to: u32,
+    },
 }
 
 impl Fault {
@@ -170,6 +200,9 @@ impl Fault {
             Self::Partition { one_way: false, .. } => FaultKind::Partition,
             Self::Partition { one_way: true, .. } => FaultKind::OneWayPartition,
             Self::Degrade { kind, .. } => *kind,
+            Self::HostCut { .. } => FaultKind::HostCut,
+            Self::HostFirewall { .. } => FaultKind::HostFirewall,
+            Self::HostBlock { .. } => FaultKind::HostBlock,
         }
     }
 }
@@ -198,6 +231,11 @@ impl fmt::Display for Fault {
                 Some(p) => write!(f, "links of proc {p}: {}", crate::proxy::describe(faults)),
                 None => write!(f, "all links: {}", crate::proxy::describe(faults)),
             },
+            Self::HostCut { host } => write!(f, "host {host}: link down"),
+            Self::HostFirewall { host } => write!(f, "host {host}: firewall drops all"),
+            Self::HostBlock { from, to } => {
+                write!(f, "hosts {from} -> {to}: blocked at the bridge")
+            }
         }
     }
 }
@@ -403,6 +441,8 @@ impl Schedule {
                     let proc = if rng.chance(0.5) { Some(proc) } else { None };
                     Fault::Degrade { proc, faults, kind }
                 }
+                // Not in ALL: never drawn.
+                FaultKind::HostCut | FaultKind::HostFirewall | FaultKind::HostBlock => continue,
             };
             if let Some(d) = lasts {
                 lasting_ends.push(t + d);

@@ -30,6 +30,8 @@ pub struct SoakOptions {
     pub per_proc: u32,
     /// Each round's fault phase.
     pub round: Duration,
+    /// The kinds of fault to inject (`None`: all).
+    pub faults: Option<Vec<FaultKind>>,
 }
 
 impl Default for SoakOptions {
@@ -40,6 +42,7 @@ impl Default for SoakOptions {
             procs: 4,
             per_proc: 2,
             round: Duration::from_secs(60),
+            faults: None,
         }
     }
 }
@@ -78,9 +81,30 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// Parses a comma-separated list of fault kinds (`kill,pause,loss`; the
+/// names of `FaultKind::name`).
+pub fn parse_faults(text: &str) -> Result<Vec<FaultKind>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            FaultKind::ALL
+                .into_iter()
+                .find(|k| k.name() == t)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+                    format!("unknown fault kind {t:?} (known: {})", known.join(", "))
+                })
+        })
+        .collect()
+}
+
 /// The soak's scenario for these options and seed.
 pub fn scenario(opts: &SoakOptions, seed: Seed) -> Scenario {
-    let mut mix = FaultMix::default();
+    let mut mix = match &opts.faults {
+        Some(kinds) => FaultMix::only(kinds),
+        None => FaultMix::default(),
+    };
     if !regent_chaos::workload::PANIC_HOOK {
         mix = mix.with(FaultKind::Panic, 0);
     }
@@ -99,9 +123,16 @@ pub fn scenario(opts: &SoakOptions, seed: Seed) -> Scenario {
 /// (the caller prints it and fails on violations).
 pub async fn soak(opts: SoakOptions) -> anyhow::Result<Report> {
     let seed = opts.seed.unwrap_or_else(Seed::from_entropy);
+    let kinds: Vec<&str> = match &opts.faults {
+        Some(k) => k.iter().map(|k| k.name()).collect(),
+        None => vec!["all"],
+    };
     println!(
-        "regent chaos soak: seed {seed} (replay: regent chaos soak --seed {seed}), {} procs x {} members, {:?}",
-        opts.procs, opts.per_proc, opts.duration
+        "regent chaos soak: seed {seed} (replay: regent chaos soak --seed {seed}), {} procs x {} members, {:?}, faults: {}",
+        opts.procs,
+        opts.per_proc,
+        opts.duration,
+        kinds.join(",")
     );
     if !regent_chaos::workload::PANIC_HOOK {
         println!("actor panics: off (build regent with --features chaos-panic to include them)");
@@ -162,6 +193,15 @@ mod tests {
         assert!(parse_duration("").is_err());
         assert!(parse_duration("5 days").is_err());
         assert!(parse_duration("h").is_err());
+    }
+
+    #[test]
+    fn fault_lists_parse() {
+        assert_eq!(
+            parse_faults("kill, loss").unwrap(),
+            vec![FaultKind::Kill, FaultKind::Loss]
+        );
+        assert!(parse_faults("kill,meteor").is_err());
     }
 
     #[test]

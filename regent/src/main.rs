@@ -118,6 +118,10 @@ enum ChaosCommand {
         /// Members per proc.
         #[arg(long, default_value_t = 2)]
         per_proc: u32,
+        /// Only these kinds of fault, comma-separated (e.g.
+        /// kill,pause,loss). Default: all.
+        #[arg(long)]
+        faults: Option<String>,
     },
 }
 
@@ -181,6 +185,7 @@ fn main() -> anyhow::Result<()> {
                     seed,
                     procs,
                     per_proc,
+                    faults,
                 },
         } => {
             let opts = regent::chaos::SoakOptions {
@@ -188,6 +193,10 @@ fn main() -> anyhow::Result<()> {
                 seed,
                 procs,
                 per_proc,
+                faults: faults
+                    .map(|f| regent::chaos::parse_faults(&f))
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?,
                 ..regent::chaos::SoakOptions::default()
             };
             let report = rt.block_on(regent::chaos::soak(opts))?;
