@@ -440,7 +440,13 @@ impl Runtime {
     /// Records that a proc is dead or unreachable, and wakes the requests
     /// waiting on it.
     pub(crate) fn mark_lost(&self, proc: &ProcId) {
-        if self.inner.lost.lock().expect("lost lock").insert(proc.clone()) {
+        if self
+            .inner
+            .lost
+            .lock()
+            .expect("lost lock")
+            .insert(proc.clone())
+        {
             self.inner.lost_changed.notify_waiters();
         }
     }
@@ -734,11 +740,13 @@ async fn route_proc_events(inner: std::sync::Weak<Inner>, mut events: mpsc::Rece
             ProcEvent::Exited { proc, .. } => vec![proc.clone()],
             ProcEvent::HostLost { procs, .. } => procs.clone(),
         };
+        // Reported to the supervisors before it is marked lost: a request
+        // that fails because the proc is lost finds the report queued.
+        rt.signal_all(|| Signal::Proc(event.clone()));
         for p in &procs {
             rt.release(p);
             rt.mark_lost(p);
         }
-        rt.signal_all(|| Signal::Proc(event.clone()));
     }
 }
 
@@ -760,21 +768,14 @@ async fn route_transport_events(
         }
         let rt = Runtime { inner };
         match event {
-            TransportEvent::LinkFailed { peer, cause, .. } => {
-                rt.mark_lost(&peer);
+            TransportEvent::LinkFailed { peer, cause, .. }
+            | TransportEvent::LinkClosed { peer, cause } => {
                 let detail = cause.to_string();
                 rt.signal_all(|| Signal::Link {
                     proc: peer.clone(),
                     detail: detail.clone(),
                 });
-            }
-            TransportEvent::LinkClosed { peer, cause } => {
                 rt.mark_lost(&peer);
-                let detail = cause.to_string();
-                rt.signal_all(|| Signal::Link {
-                    proc: peer.clone(),
-                    detail: detail.clone(),
-                });
             }
             TransportEvent::LinkUp { peer, .. } => {
                 let zombie = rt

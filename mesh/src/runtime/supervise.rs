@@ -75,6 +75,10 @@ struct Supervisor {
     owner: Option<(MeshId, Rank)>,
     /// Procs of this mesh known to be gone (or unreachable).
     dead: HashSet<ProcId>,
+    rx: mpsc::UnboundedReceiver<Signal>,
+    /// Signals taken from `rx` during a restart that are not failures (stop
+    /// requests, spawn requests): handled once the restart is over.
+    backlog: std::collections::VecDeque<Signal>,
 }
 
 /// Starts a mesh's supervisor; returns what its references share.
@@ -104,14 +108,23 @@ pub(crate) fn start(setup: Setup) -> Arc<MeshShared> {
         hook: setup.options.hook,
         owner: setup.options.owner,
         dead: HashSet::new(),
+        rx,
+        backlog: std::collections::VecDeque::new(),
     };
-    tokio::spawn(s.run(rx));
+    tokio::spawn(s.run());
     shared
 }
 
 impl Supervisor {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Signal>) {
-        while let Some(signal) = rx.recv().await {
+    async fn run(mut self) {
+        loop {
+            let signal = match self.backlog.pop_front() {
+                Some(s) => s,
+                None => match self.rx.recv().await {
+                    Some(s) => s,
+                    None => return,
+                },
+            };
             match signal {
                 Signal::StopRequested(done) => {
                     self.stop_members().await;
@@ -139,6 +152,28 @@ impl Supervisor {
         }
     }
 
+    /// Decides on every failure reported while a restart was going on (a
+    /// proc may have been lost meanwhile: its report is queued before the
+    /// runtime marks it lost, so it is here), so that each is published,
+    /// asked of the hook and counted, and the next restart replaces what was
+    /// lost; other signals wait for the restart to be over.
+    fn take_reports(&mut self) -> Vec<MeshAction> {
+        let mut actions = Vec::new();
+        while let Ok(signal) = self.rx.try_recv() {
+            match signal {
+                s @ (Signal::StopRequested(_) | Signal::Stop | Signal::SpawnChild(_)) => {
+                    self.backlog.push_back(s)
+                }
+                other => {
+                    if let Some(failure) = self.failure_of(other) {
+                        actions.extend(self.decide(failure));
+                    }
+                }
+            }
+        }
+        actions
+    }
+
     /// Performs actions (and those their outcomes lead to); returns whether
     /// the mesh is done.
     async fn perform(&mut self, mut actions: Vec<MeshAction>) -> bool {
@@ -158,6 +193,7 @@ impl Supervisor {
                     tokio::time::sleep(delay).await;
                     let r = self.restart_members(&ranks, generation).await;
                     self.after_restart(r, ranks, generation, &mut actions).await;
+                    actions.extend(self.take_reports());
                 }
                 MeshAction::RestartMesh { generation, delay } => {
                     self.shared.status.send_replace(MeshStatus::Restarting);
@@ -169,6 +205,7 @@ impl Supervisor {
                         .map(Rank)
                         .collect();
                     self.after_restart(r, all, generation, &mut actions).await;
+                    actions.extend(self.take_reports());
                 }
                 MeshAction::Stop { failure } => {
                     self.stop_members().await;
@@ -417,20 +454,16 @@ impl Supervisor {
         &mut self,
         info: &mut MeshInfo,
     ) -> Result<Vec<(u32, AllocatedProc)>, MeshError> {
-        // Lost procs too, even if their loss has not reached this
-        // supervisor yet (it may have happened during the restart).
+        // Only procs whose loss this supervisor has decided on: a loss it has
+        // not seen yet makes this restart fail fast (requests to a lost proc
+        // do), and is then decided on like any failure (`take_reports`).
         let gone: Vec<u32> = info
             .procs
             .iter()
             .enumerate()
-            .filter(|(_, a)| self.dead.contains(&a.proc) || self.rt.is_lost(&a.proc))
+            .filter(|(_, a)| self.dead.contains(&a.proc))
             .map(|(i, _)| i as u32)
             .collect();
-        for &rank in &gone {
-            let proc = info.procs[rank as usize].proc.clone();
-            self.dead.insert(proc.clone());
-            self.rt.abandon(&proc);
-        }
         if gone.is_empty() {
             return Ok(Vec::new());
         }
