@@ -16,7 +16,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -173,7 +173,7 @@ impl Counters {
 struct Timed {
     at: Instant,
     order: u64,
-    socket: Arc<UdpSocket>,
+    socket: Arc<StdSocket>,
     /// `None`: the socket is connected.
     to: Option<SocketAddr>,
     bytes: Vec<u8>,
@@ -200,7 +200,12 @@ struct Shared {
     network: Network,
     node: NodeId,
     config: ProxyConfig,
+    /// Where clients' datagrams arrive...
     listen: Arc<UdpSocket>,
+    /// ...and the same socket, for sending without waiting for the async
+    /// driver to have seen it writable (a fresh tokio socket's `try_send`
+    /// fails until then, which would drop first datagrams).
+    listen_tx: Arc<StdSocket>,
     rng: Mutex<SimRng>,
     counters: Counters,
     /// When each capped directed link is free again.
@@ -214,10 +219,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn send_now(counters: &Counters, socket: &UdpSocket, to: Option<SocketAddr>, bytes: &[u8]) {
+type StdSocket = std::net::UdpSocket;
+
+fn send_now(counters: &Counters, socket: &StdSocket, to: Option<SocketAddr>, bytes: &[u8]) {
+    // Non-blocking: a full socket buffer fails at once.
     let sent = match to {
-        Some(to) => socket.try_send_to(bytes, to),
-        None => socket.try_send(bytes),
+        Some(to) => socket.send_to(bytes, to),
+        None => socket.send(bytes),
     };
     match sent {
         Ok(_) => Counters::bump(&counters.forwarded),
@@ -232,7 +240,7 @@ impl Shared {
         &self,
         from: NodeId,
         to: NodeId,
-        socket: &Arc<UdpSocket>,
+        socket: &Arc<StdSocket>,
         dest: Option<SocketAddr>,
         bytes: &[u8],
     ) {
@@ -353,8 +361,7 @@ impl Proxy {
         config: ProxyConfig,
         seed: Seed,
     ) -> Result<Self, ChaosError> {
-        let listen = UdpSocket::bind(SocketAddr::new(config.bind_ip, 0))
-            .await
+        let (listen, listen_tx) = bind_pair(SocketAddr::new(config.bind_ip, 0), None)
             .map_err(|e| ChaosError::io("binding a proxy socket", e))?;
         let addr = listen
             .local_addr()
@@ -365,6 +372,7 @@ impl Proxy {
             node,
             config,
             listen: Arc::new(listen),
+            listen_tx: Arc::new(listen_tx),
             rng: Mutex::new(SimRng::new(seed)),
             counters: Counters::default(),
             busy_until: Mutex::new(HashMap::new()),
@@ -411,8 +419,10 @@ impl Proxy {
 }
 
 struct Client {
-    socket: Arc<UdpSocket>,
-    node: NodeId,
+    socket: Arc<StdSocket>,
+    /// The client's node, resolved lazily: a proc's first datagrams (its
+    /// ready report) come before the allocator registers it.
+    node: Arc<AtomicU32>,
     /// Milliseconds since `epoch` of the last datagram either way.
     last_ms: Arc<AtomicU64>,
     task: AbortHandle,
@@ -470,7 +480,8 @@ async fn ingress(shared: Arc<Shared>, upstream: watch::Receiver<Option<SocketAdd
             continue;
         };
         client.last_ms.store(now_ms, Ordering::Relaxed);
-        shared.forward(client.node, shared.node, &client.socket, None, &buf[..n]);
+        let node = resolve(&shared.network, &client.node, from);
+        shared.forward(node, shared.node, &client.socket, None, &buf[..n]);
     }
 }
 
@@ -480,23 +491,22 @@ async fn open_client(
     target: SocketAddr,
     epoch: Instant,
 ) -> std::io::Result<Client> {
-    let socket = UdpSocket::bind(SocketAddr::new(shared.config.bind_ip, 0)).await?;
-    socket.connect(target).await?;
-    let socket = Arc::new(socket);
-    let node = shared.network.node_of(from);
+    let (socket, socket_tx) = bind_pair(SocketAddr::new(shared.config.bind_ip, 0), Some(target))?;
+    let (socket, socket_tx) = (Arc::new(socket), Arc::new(socket_tx));
+    let node = Arc::new(AtomicU32::new(shared.network.node_of(from).0));
     let last_ms = Arc::new(AtomicU64::new(epoch.elapsed().as_millis() as u64));
     let task = tokio::spawn(egress(
         shared.clone(),
-        socket.clone(),
+        socket,
         from,
-        node,
+        node.clone(),
         last_ms.clone(),
         epoch,
     ))
     .abort_handle();
-    tracing::trace!(proxy = %shared.node, client = %from, %node, "chaos proxy client");
+    tracing::trace!(proxy = %shared.node, client = %from, "chaos proxy client");
     Ok(Client {
-        socket,
+        socket: socket_tx,
         node,
         last_ms,
         task,
@@ -508,7 +518,7 @@ async fn egress(
     shared: Arc<Shared>,
     socket: Arc<UdpSocket>,
     client: SocketAddr,
-    client_node: NodeId,
+    client_node: Arc<AtomicU32>,
     last_ms: Arc<AtomicU64>,
     epoch: Instant,
 ) {
@@ -525,9 +535,36 @@ async fn egress(
             }
         };
         last_ms.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-        let listen = shared.listen.clone();
-        shared.forward(shared.node, client_node, &listen, Some(client), &buf[..n]);
+        let listen = shared.listen_tx.clone();
+        let node = resolve(&shared.network, &client_node, client);
+        shared.forward(shared.node, node, &listen, Some(client), &buf[..n]);
     }
+}
+
+/// A non-blocking UDP socket bound at `addr` (and connected to `peer`),
+/// as a tokio socket to receive on and a std clone to send from.
+fn bind_pair(
+    addr: SocketAddr,
+    peer: Option<SocketAddr>,
+) -> std::io::Result<(UdpSocket, StdSocket)> {
+    let std = StdSocket::bind(addr)?;
+    if let Some(peer) = peer {
+        std.connect(peer)?;
+    }
+    std.set_nonblocking(true)?;
+    let tx = std.try_clone()?;
+    Ok((UdpSocket::from_std(std)?, tx))
+}
+
+/// The node of a client, looked up again while it is unknown.
+fn resolve(network: &Network, cached: &AtomicU32, addr: SocketAddr) -> NodeId {
+    let node = NodeId(cached.load(Ordering::Relaxed));
+    if node != NodeId::UNKNOWN {
+        return node;
+    }
+    let node = network.node_of(addr);
+    cached.store(node.0, Ordering::Relaxed);
+    node
 }
 
 /// Sends delayed datagrams when their time comes, earliest first.
@@ -580,5 +617,84 @@ pub(crate) fn describe(f: &LinkFaults) -> String {
         "clean".into()
     } else {
         parts.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::network::Direction;
+
+    async fn echo_server() -> SocketAddr {
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = server.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            while let Ok((n, from)) = server.recv_from(&mut buf).await {
+                let _ = server.send_to(&buf[..n], from).await;
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(client: &UdpSocket, msg: &[u8], wait: Duration) -> Option<Duration> {
+        let t = Instant::now();
+        client.send(msg).await.unwrap();
+        let mut buf = vec![0u8; 2048];
+        loop {
+            match tokio::time::timeout(wait, client.recv(&mut buf)).await {
+                Ok(Ok(n)) if &buf[..n] == msg => return Some(t.elapsed()),
+                Ok(_) => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn cuts_drop_each_direction_and_delays_delay() {
+        let net = Network::new();
+        let server = echo_server().await;
+        let proxy = Proxy::start(
+            net.clone(),
+            NodeId(1),
+            Some(server),
+            ProxyConfig::default(),
+            Seed(1),
+        )
+        .await
+        .unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client.connect(proxy.addr()).await.unwrap();
+        let wait = Duration::from_millis(400);
+        // An unknown client passes a clean network.
+        assert!(round_trip(&client, b"a", wait).await.is_some());
+        // Registered after its first datagram: rules still find it.
+        net.register(NodeId(2), "client", client.local_addr().unwrap());
+        net.partition(&[NodeId(2)], &[NodeId(1)], Direction::OneWay);
+        assert!(
+            round_trip(&client, b"b", wait).await.is_none(),
+            "to the node"
+        );
+        net.heal();
+        assert!(round_trip(&client, b"c", wait).await.is_some());
+        net.partition(&[NodeId(1)], &[NodeId(2)], Direction::OneWay);
+        assert!(round_trip(&client, b"d", wait).await.is_none(), "back");
+        net.heal();
+        net.isolate(NodeId(1));
+        assert!(round_trip(&client, b"e", wait).await.is_none(), "isolated");
+        assert!(proxy.counts().cut >= 3, "{:?}", proxy.counts());
+        net.heal();
+        net.set_all_links(LinkFaults::new().delay(Duration::from_millis(100), Duration::ZERO));
+        let rtt = round_trip(&client, b"f", Duration::from_secs(2))
+            .await
+            .unwrap();
+        // 100 ms each way.
+        assert!(rtt >= Duration::from_millis(190), "{rtt:?}");
+        net.set_all_links(LinkFaults::new().drop_probability(1.0));
+        assert!(round_trip(&client, b"g", wait).await.is_none(), "lost");
+        assert!(proxy.counts().lost >= 1);
+        net.set_all_links(LinkFaults::new().duplicate_probability(1.0));
+        assert!(round_trip(&client, b"h", wait).await.is_some());
+        assert!(proxy.counts().duplicated >= 2, "{:?}", proxy.counts());
     }
 }

@@ -7,7 +7,9 @@
 //! same seed replays the same timeline.
 //!
 //! Also here: the partitioned-proc test of the mesh supervision issue
-//! (`a_partitioned_proc_is_replaced_and_fenced_after_healing`).
+//! (`a_partitioned_proc_is_replaced_and_fenced_after_healing`), regression
+//! tests of two mesh bugs the scenarios found, and kernel-level cuts between
+//! network namespaces (root only; skipped otherwise).
 
 use std::collections::{BTreeMap, HashSet};
 use std::num::NonZeroU32;
@@ -595,20 +597,17 @@ async fn n01_kernel_cuts_between_namespaces_heal_without_loss() {
     println!("restarts: {}", r.generation);
 }
 
-/// **Known bug in `mesh/` (reported; this test fails until it is fixed).**
-///
-/// Since 27d2d22 a proc lost during a restart is replaced by the next
-/// restart (`replace_dead` asks `Runtime::is_lost`), but its failure is
-/// never published: when the loss (exit or link failure) reaches the
-/// supervisor afterwards, `proc_rank` no longer finds the proc in the
-/// mesh's current info and the signal is dropped. So the lost proc's
-/// members are respawned without a `MeshFailure` naming them — observers
-/// (`ActorMesh::failures`) never see it, the owner's hook is never asked,
-/// and the restart intensity does not count it. Found by the chaos
-/// invariant "restarts within the mesh policy" (only ranks named by a
-/// failure may get a new life) in scenarios s03, s05, s07 and n01.
+/// A proc lost during a restart and replaced by the next one is reported
+/// as a failure of its ranks. Regression test of a bug in `mesh/` found by
+/// the chaos invariant "restarts within the mesh policy" (only ranks named
+/// by a failure may get a new life) in scenarios s03, s05, s07 and n01,
+/// fixed in 865d0d5: after 27d2d22 such a proc was replaced without a
+/// `MeshFailure` naming its members — observers never saw it, the owner's
+/// hook was never asked, the restart intensity did not count it — because
+/// its loss, reaching the supervisor after the replacement, no longer
+/// matched a proc of the mesh and was dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bug_mesh_a_proc_replaced_during_a_restart_is_never_reported_as_failed() {
+async fn a_proc_replaced_during_a_restart_is_reported_as_failed() {
     use regent_mesh::alloc::{Allocator, ProcSignal};
     let cluster = ChaosCluster::start(cluster(), Seed(9)).await.unwrap();
     let procs = cluster.spawn_procs(3).await.unwrap();
