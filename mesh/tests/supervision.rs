@@ -503,3 +503,18 @@ async fn the_owner_of_a_restarted_mesh_follows_its_generations() {
     }
     assert_eq!(leads.generation().0, 0, "the lead itself never failed");
 }
+
+/// Stopping procs on purpose stops their meshes first: no failure, no
+/// escalation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_procs_on_purpose_is_not_a_failure() {
+    let Fixture { rt, procs, .. } = fixture(2).await;
+    let mesh: ActorMesh<Worker> = procs.spawn("w", 1, &()).await.unwrap();
+    let mut failures = mesh.failures();
+    procs.stop(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(mesh.status(), MeshStatus::Stopped(None));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(failures.try_recv().is_err(), "a failure was reported");
+    assert!(rt.job_failure().is_none());
+    assert!(rt.live_meshes().is_empty());
+}

@@ -498,6 +498,26 @@ impl Runtime {
             .map(|(_, shared)| shared.info())
     }
 
+    /// Stops every mesh that has members on any of `procs` (they are about
+    /// to be stopped on purpose), and waits until they have stopped.
+    pub(crate) async fn stop_meshes_on(&self, procs: &HashSet<ProcId>) {
+        let on: Vec<MeshId> = self
+            .inner
+            .meshes
+            .lock()
+            .expect("meshes lock")
+            .iter()
+            .filter(|(_, (_, shared))| shared.info().procs.iter().any(|a| procs.contains(&a.proc)))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in on {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if self.signal_mesh(id, Signal::StopRequested(tx)) {
+                let _ = rx.await;
+            }
+        }
+    }
+
     /// Records that member `rank` of `parent` owns `child`.
     pub(crate) fn adopt(&self, parent: MeshId, rank: u32, child: MeshId) {
         self.inner

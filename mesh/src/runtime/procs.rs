@@ -121,10 +121,14 @@ impl ProcMesh {
         Ok(ActorMesh::new(self.rt.clone(), shared))
     }
 
-    /// Stops every proc (SIGTERM, then SIGKILL after `grace`), replacements
-    /// included, and waits for their exits.
+    /// Stops every mesh on these procs (so that no supervisor takes the
+    /// procs' exits for failures), then every proc (SIGTERM, then SIGKILL
+    /// after `grace`), replacements included, and waits for their exits.
     pub async fn stop(self, grace: Duration) -> Result<(), MeshError> {
         let procs = self.all_procs();
+        let ids: std::collections::HashSet<regent_net::ProcId> =
+            procs.iter().map(|p| p.proc.clone()).collect();
+        self.rt.stop_meshes_on(&ids).await;
         for p in &procs {
             self.rt.release(&p.proc);
         }
