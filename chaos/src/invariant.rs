@@ -1,6 +1,6 @@
 //! Invariant checkers: pure functions from what a run recorded to a verdict
 //! per invariant. Each invariant's exact definition is in
-//! `chaos/SEMANTICS.md`; the doc of each checker repeats it.
+//! `docs/semantics.md` §7; the doc of each checker repeats it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;

@@ -16,8 +16,8 @@
 //! - [`scenario`]: the runner that puts them together over a mesh running a
 //!   workload ([`workload::Tally`]) that counts and checks its messages.
 //!
-//! The contract is in `chaos/SEMANTICS.md`; the code map in
-//! `chaos/ARCHITECTURE-chaos.md`.
+//! The contract is in `docs/semantics.md` §7; the code map in
+//! `ARCHITECTURE.md`.
 //!
 //! [`Allocator`]: regent_mesh::alloc::Allocator
 #![forbid(unsafe_code)]

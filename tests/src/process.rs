@@ -2,17 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-/// Whether process `pid` exists and is not a zombie.
-pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
-}
+pub use regent_chaos::process::{alive, kill};
 
 /// Waits until none of `pids` is alive; returns those still alive at the
 /// deadline.
@@ -50,10 +40,7 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         for pid in self.pids.lock().expect("pids lock").iter() {
             if alive(*pid) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(*pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                kill(*pid);
             }
         }
     }

@@ -2,7 +2,7 @@
 //! actor panics, partitions, blackholes, loss, delay, duplication,
 //! reordering and bandwidth caps on meshes of 4–8 real procs
 //! (`chaos_proc`) behind UDP chaos proxies, running a workload that counts
-//! and checks its messages; every invariant of `chaos/SEMANTICS.md` is
+//! and checks its messages; every invariant of `docs/semantics.md` §7 is
 //! checked after each. Every scenario prints its seed and timeline; the
 //! same seed replays the same timeline.
 //!
