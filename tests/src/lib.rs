@@ -3,4 +3,5 @@
 #![forbid(unsafe_code)]
 
 pub mod mesh_actors;
+pub mod peers;
 pub mod process;

@@ -35,10 +35,9 @@ use regent_mesh::host::wire::{
     alloc_actor, host_port,
 };
 use regent_net::{
-    ActorId, ClusterCa, Endpoint, EndpointConfig, Generation, Inbox, Message, PortId, ProcAddr,
-    ProcId, TypeTag,
+    ActorId, ClusterCa, Endpoint, EndpointConfig, Generation, Inbox, Message, ProcAddr, ProcId,
+    TypeTag,
 };
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 const PROC_BIN: &str = env!("CARGO_BIN_EXE_alloc_proc");
@@ -52,43 +51,7 @@ const EXIT_REPORT_BOUND: Duration = Duration::from_secs(2);
 /// SIGKILLed agent is noticed after about 1 s.
 const FAILURE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Asks for a [`Pong`] (same definition in `alloc_proc`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Ping {
-    n: u64,
-    reply_to: PortId,
-}
-
-impl Message for Ping {
-    const TYPE_NAME: &'static str = "regent-tests/alloc/Ping";
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Pong {
-    n: u64,
-    proc: ProcId,
-    pid: u32,
-}
-
-impl Message for Pong {
-    const TYPE_NAME: &'static str = "regent-tests/alloc/Pong";
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Exit {
-    code: i32,
-}
-
-impl Message for Exit {
-    const TYPE_NAME: &'static str = "regent-tests/alloc/Exit";
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Panic;
-
-impl Message for Panic {
-    const TYPE_NAME: &'static str = "regent-tests/alloc/Panic";
-}
+use regent_tests::peers::alloc::{Exit, Panic, Ping, Pong};
 
 fn pid_of(name: &str) -> ProcId {
     ProcId::new(name).expect("valid proc id")

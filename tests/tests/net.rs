@@ -19,25 +19,12 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use regent_net::{
-    ClusterCa, Endpoint, EndpointConfig, Generation, Inbox, LinkFailure, Message, PortId,
-    ProcCredentials, ProcId, RejectCause, TransportEvent, UndeliveredCause,
+    ClusterCa, Endpoint, EndpointConfig, Generation, Inbox, LinkFailure, PortId, ProcCredentials,
+    ProcId, RejectCause, TransportEvent, UndeliveredCause,
 };
-use serde::{Deserialize, Serialize};
+use regent_tests::peers::net::Probe;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
-
-/// The message of the suite (the same definition is in `net_peer`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Probe {
-    stream: u32,
-    n: u64,
-    reply_to: Option<PortId>,
-    pad: Vec<u8>,
-}
-
-impl Message for Probe {
-    const TYPE_NAME: &'static str = "regent-tests/net/Probe";
-}
 
 const DEADLINE: Duration = Duration::from_secs(30);
 /// Failure detection may exceed the configured timeout by the heartbeat

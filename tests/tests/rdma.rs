@@ -26,6 +26,7 @@ use regent_rdma::{
     BackendKind, BackendPolicy, BufferManager, Error, MEMFD_NAME_PREFIX, ManagerConfig,
     RemoteBuffer,
 };
+use regent_tests::peers::rdma::fill;
 use tokio::sync::mpsc;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -34,34 +35,6 @@ const MIB: usize = 1 << 20;
 
 fn pid(name: &str) -> ProcId {
     ProcId::new(name).expect("valid proc id")
-}
-
-/// Bytes of the repeated base block of a pattern.
-const BLOCK_BYTES: usize = 64 << 10;
-
-/// Fills `buf` with the pattern of `seed` (the same definition is in
-/// `rdma_peer`): a 64 KiB pseudo-random block repeated, each block starting
-/// with its own index.
-fn fill(buf: &mut [u8], seed: u64) {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let head = buf.len().min(BLOCK_BYTES);
-    for b in &mut buf[..head] {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    let mut done = head;
-    while done < buf.len() {
-        let n = done.min(buf.len() - done);
-        buf.copy_within(..n, done);
-        done += n;
-    }
-    for (k, block) in buf.chunks_mut(BLOCK_BYTES).enumerate() {
-        let tag = (k as u64 ^ seed).to_le_bytes();
-        let n = block.len().min(8);
-        block[..n].copy_from_slice(&tag[..n]);
-    }
 }
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {

@@ -15,58 +15,11 @@
 #![forbid(unsafe_code)]
 
 use regent_mesh::boot::{self, Role};
-use regent_net::{Generation, Message, PortId, ProcId};
-use serde::{Deserialize, Serialize};
-
-/// Asks for a [`Pong`] at `reply_to` (same definition in `tests/alloc.rs`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Ping {
-    n: u64,
-    reply_to: PortId,
-}
-
-impl Message for Ping {
-    const TYPE_NAME: &'static str = "regent-tests/alloc/Ping";
-}
-
-/// The answer to a [`Ping`].
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Pong {
-    n: u64,
-    proc: ProcId,
-    pid: u32,
-}
-
-impl Message for Pong {
-    const TYPE_NAME: &'static str = "regent-tests/alloc/Pong";
-}
-
-/// Exit with this code.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Exit {
-    code: i32,
-}
-
-impl Message for Exit {
-    const TYPE_NAME: &'static str = "regent-tests/alloc/Exit";
-}
-
-/// Panic.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Panic;
-
-impl Message for Panic {
-    const TYPE_NAME: &'static str = "regent-tests/alloc/Panic";
-}
+use regent_net::Generation;
+use regent_tests::peers::alloc::{Exit, Panic, Ping, Pong};
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    regent_tests::peers::init_peer_tracing();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

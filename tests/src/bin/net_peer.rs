@@ -22,33 +22,14 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use regent_net::{
-    Endpoint, EndpointConfig, Generation, Message, PortId, ProcAddr, ProcCredentials, ProcId,
+    Endpoint, EndpointConfig, Generation, PortId, ProcAddr, ProcCredentials, ProcId,
     TransportEvent, UndeliveredCause,
 };
-use serde::{Deserialize, Serialize};
+use regent_tests::peers::net::Probe;
 use tokio::io::AsyncBufReadExt as _;
 
-/// The message of the suite (the same definition is in `tests/net.rs`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Probe {
-    stream: u32,
-    n: u64,
-    reply_to: Option<PortId>,
-    pad: Vec<u8>,
-}
-
-impl Message for Probe {
-    const TYPE_NAME: &'static str = "regent-tests/net/Probe";
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    regent_tests::peers::init_peer_tracing();
     let mut args: HashMap<String, String> = HashMap::new();
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {

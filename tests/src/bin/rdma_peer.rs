@@ -19,49 +19,11 @@ use std::collections::HashMap;
 
 use regent_net::{ProcCredentials, ProcId};
 use regent_rdma::{BufferManager, LocalBuffer, ManagerConfig, Memory};
+use regent_tests::peers::rdma::{fill, hex};
 use tokio::io::AsyncBufReadExt as _;
 
-/// Bytes of the repeated base block of a pattern.
-const BLOCK_BYTES: usize = 64 << 10;
-
-/// Fills `buf` with the pattern of `seed`: a 64 KiB block of pseudo-random
-/// bytes repeated, each block starting with its own index, so that a chunk
-/// landing at the wrong offset is seen. Cheap even in debug builds (block
-/// copies). The same definition is in `tests/rdma.rs`.
-fn fill(buf: &mut [u8], seed: u64) {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let head = buf.len().min(BLOCK_BYTES);
-    for b in &mut buf[..head] {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    let mut done = head;
-    while done < buf.len() {
-        let n = done.min(buf.len() - done);
-        buf.copy_within(..n, done);
-        done += n;
-    }
-    for (k, block) in buf.chunks_mut(BLOCK_BYTES).enumerate() {
-        let tag = (k as u64 ^ seed).to_le_bytes();
-        let n = block.len().min(8);
-        block[..n].copy_from_slice(&tag[..n]);
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    regent_tests::peers::init_peer_tracing();
     let mut args: HashMap<String, String> = HashMap::new();
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
