@@ -78,9 +78,10 @@ impl Member {
     ) -> Result<crate::child::ChildMesh<B>, crate::runtime::MeshError> {
         match &self.link {
             Some(link) => link.spawn::<B>(name, per_proc, args, policy).await,
-            None => Err(crate::runtime::MeshError::Encode(
-                "this member cannot reach a controller (simulation)".into(),
-            )),
+            None => Err(crate::runtime::MeshError::SpawnChild {
+                mesh: name.to_owned(),
+                message: "this member cannot reach a controller (simulation)".into(),
+            }),
         }
     }
 

@@ -18,17 +18,18 @@ use std::sync::{Arc, Mutex};
 
 use regent_net::{ActorId, Generation, PortId};
 
-use crate::actor::{MemberError, MeshActor, decode, encode};
+use crate::actor::{MeshActor, encode};
 use crate::node::{self, Fabric, Pending};
 use crate::policy::MeshPolicy;
-use crate::protocol::{CastFrame, Collect, MeshId, MeshInfo, ReplyBody, SpawnChild};
-use crate::runtime::{MembersFailed, MeshError};
+use crate::protocol::{Collect, Contribution, MeshId, MeshInfo, ReplyBody, SpawnChild};
+use crate::runtime::mesh::{acked, cast_frame, gathered};
+use crate::runtime::{MeshError, ValueMesh};
 use crate::selection::Selection;
-use crate::shape::Rank;
+use crate::shape::Shape;
 
-/// The meshes owned by members of one proc, as the controller last described
-/// them (`None`: stopped).
-pub(crate) type Children = Arc<Mutex<HashMap<MeshId, Option<Arc<MeshInfo>>>>>;
+/// The live meshes owned by members of one proc, as the controller last
+/// described them (a stopped one is forgotten).
+pub(crate) type Children = Arc<Mutex<HashMap<MeshId, Arc<MeshInfo>>>>;
 
 /// How a member reaches the controller and its own meshes.
 #[derive(Clone)]
@@ -64,6 +65,10 @@ impl MemberLink {
         args: &B::Args,
         policy: MeshPolicy,
     ) -> Result<ChildMesh<B>, MeshError> {
+        let refused = |message: String| MeshError::SpawnChild {
+            mesh: name.to_owned(),
+            message,
+        };
         let (call, answer) = self.pending.request();
         let request = SpawnChild {
             call,
@@ -82,9 +87,7 @@ impl MemberLink {
             .await
         {
             self.pending.forget(call);
-            return Err(MeshError::Encode(format!(
-                "could not reach the controller: {e}"
-            )));
+            return Err(refused(format!("could not reach the controller: {e}")));
         }
         let body = match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(body)) => body,
@@ -102,7 +105,7 @@ impl MemberLink {
                 self.children
                     .lock()
                     .expect("children lock")
-                    .insert(id, Some(Arc::new(info)));
+                    .insert(id, Arc::new(info));
                 Ok(ChildMesh {
                     link: self.clone(),
                     id,
@@ -110,8 +113,8 @@ impl MemberLink {
                     _actor: PhantomData,
                 })
             }
-            ReplyBody::ChildSpawned(Err(message)) => Err(MeshError::Encode(message)),
-            other => Err(MeshError::Encode(format!("unexpected answer {other:?}"))),
+            ReplyBody::ChildSpawned(Err(message)) => Err(refused(message)),
+            other => Err(refused(format!("unexpected answer {other:?}"))),
         }
     }
 }
@@ -147,8 +150,8 @@ impl<B: MeshActor> ChildMesh<B> {
             .expect("children lock")
             .get(&self.id)
         {
-            Some(Some(info)) => Ok(info.clone()),
-            _ => Err(MeshError::Stopped(self.name.clone())),
+            Some(info) => Ok(info.clone()),
+            None => Err(MeshError::Stopped(self.name.clone())),
         }
     }
 
@@ -162,61 +165,37 @@ impl<B: MeshActor> ChildMesh<B> {
         selection: &Selection,
         msg: &B::Msg,
         collect: Collect,
-    ) -> Result<crate::protocol::Contribution, MeshError> {
+    ) -> Result<(Shape, Contribution), MeshError> {
         let info = self.info()?;
-        selection.bind(&info.shape, 0)?;
-        let frame = CastFrame {
-            mesh: info.id,
-            generation: info.generation,
-            origin: self.link.me.clone(),
-            view: info.shape.clone(),
-            selection: selection.clone(),
-            seed: 0,
-            procs: (0, info.proc_count()),
-            per_proc: info.per_proc,
-            payload: encode(msg).map_err(MeshError::Encode)?,
-            reply: None,
+        let (origin, timeout) = (self.link.me.clone(), self.link.timeout);
+        let frame = cast_frame(
+            &info,
+            info.shape.clone(),
+            origin,
+            selection,
+            msg,
             collect,
-            budget_ms: u32::try_from(self.link.timeout.as_millis()).unwrap_or(u32::MAX),
-        };
+            timeout,
+        )?;
         let fabric = self.link.fabric.as_ref();
-        let d = node::dispatch(fabric, &self.link.pending, &info, &frame, None).await;
-        Ok(node::collect(&self.link.pending, d).await)
+        let c = node::from_root(fabric, &self.link.pending, &info, &frame).await;
+        Ok((frame.view, c))
     }
 
     /// Delivers `msg` to every selected member (see `ActorMesh::cast`).
     pub async fn cast(&self, selection: &Selection, msg: &B::Msg) -> Result<(), MeshError> {
-        let c = self.root_cast(selection, msg, Collect::Ack).await?;
-        if c.failed.is_empty() {
-            Ok(())
-        } else {
-            Err(MembersFailed {
-                failed: c.failed.into_iter().map(|(r, e)| (Rank(r), e)).collect(),
-            }
-            .into())
-        }
+        let (_, c) = self.root_cast(selection, msg, Collect::Ack).await?;
+        acked(c)
     }
 
-    /// Sends `msg` to every selected member and gathers the replies by rank,
-    /// each a value or why there is none.
+    /// Sends `msg` to every selected member and gathers the replies by rank
+    /// (see `ActorMesh::call`).
     pub async fn call(
         &self,
         selection: &Selection,
         msg: &B::Msg,
-    ) -> Result<Vec<(Rank, Result<B::Reply, MemberError>)>, MeshError> {
-        let c = self.root_cast(selection, msg, Collect::Gather).await?;
-        let mut out: Vec<(Rank, Result<B::Reply, MemberError>)> = c
-            .values
-            .into_iter()
-            .map(|(r, bytes)| {
-                (
-                    Rank(r),
-                    decode::<B::Reply>(&bytes).map_err(MemberError::BadReply),
-                )
-            })
-            .chain(c.failed.into_iter().map(|(r, e)| (Rank(r), Err(e))))
-            .collect();
-        out.sort_by_key(|(r, _)| *r);
-        Ok(out)
+    ) -> Result<ValueMesh<B::Reply>, MeshError> {
+        let (shape, c) = self.root_cast(selection, msg, Collect::Gather).await?;
+        Ok(gathered(shape, c))
     }
 }

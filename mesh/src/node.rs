@@ -347,6 +347,19 @@ fn local_part(collect: &Collect, rank: u32, reply: EncodedReply) -> Contribution
     part
 }
 
+/// Casts `frame` from the root of its tree (the controller, or a member
+/// that owns the mesh: it holds no member of it) and waits for what comes
+/// back.
+pub(crate) async fn from_root(
+    fabric: &dyn Fabric,
+    pending: &Pending,
+    info: &MeshInfo,
+    frame: &CastFrame,
+) -> Contribution {
+    let d = dispatch(fabric, pending, info, frame, None).await;
+    collect(pending, d).await
+}
+
 /// Waits for the local replies and the children's results until all are in
 /// or the deadline passes; what is missing then is reported as timed out.
 pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contribution {

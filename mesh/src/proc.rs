@@ -543,13 +543,10 @@ impl ProcRuntime {
                 self.children
                     .lock()
                     .expect("children lock")
-                    .insert(info.id, Some(Arc::new(info)));
+                    .insert(info.id, Arc::new(info));
             }
             ProcCommand::ChildGone { mesh } => {
-                self.children
-                    .lock()
-                    .expect("children lock")
-                    .insert(mesh, None);
+                self.children.lock().expect("children lock").remove(&mesh);
             }
             ProcCommand::Renew => {}
             ProcCommand::Exit => return Some(ProcExit::Requested),

@@ -375,7 +375,7 @@ impl MeshActor for Lead {
                     return Ok(0); // no team (yet)
                 };
                 let replies = team.call(&Selection::All, &Op::Bump).await?;
-                Ok(replies.iter().filter(|(_, r)| r.is_ok()).count() as u64)
+                Ok(replies.len() as u64)
             }
             LeadOp::Break(n) => {
                 let team = self.team.as_ref().ok_or("no team")?;

@@ -15,7 +15,7 @@ use super::supervise::Signal;
 use super::{MembersFailed, MeshError, Runtime};
 use crate::actor::{MemberError, MeshActor, decode, encode};
 use crate::policy::{Decision, MeshFailure, MeshPolicy};
-use crate::protocol::{CastFrame, Collect, MeshId, MeshInfo};
+use crate::protocol::{CastFrame, Collect, Contribution, MeshId, MeshInfo};
 use crate::registry::{self, Reducer};
 use crate::selection::{DimSpec, Selection};
 use crate::shape::{Rank, Shape};
@@ -109,6 +109,15 @@ pub(crate) struct MeshShared {
 impl MeshShared {
     pub(crate) fn info(&self) -> Arc<MeshInfo> {
         self.info.read().expect("mesh info lock").clone()
+    }
+
+    /// Asks the supervisor to stop the mesh, and waits until it has (at
+    /// once if it already has).
+    pub(crate) async fn stop(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.supervisor.send(Signal::StopRequested(tx)).is_ok() {
+            let _ = rx.await;
+        }
     }
 }
 
@@ -213,6 +222,66 @@ fn failures(failed: Vec<(u32, MemberError)>) -> Vec<(Rank, MemberError)> {
     failed.into_iter().map(|(r, e)| (Rank(r), e)).collect()
 }
 
+/// The frame that casts `msg` to `selection` of `view`, sent as `origin`
+/// with `timeout` to spend. The selection is checked here, so that procs
+/// never see one that does not bind.
+pub(crate) fn cast_frame<M: serde::Serialize>(
+    info: &MeshInfo,
+    view: Shape,
+    origin: regent_net::ActorId,
+    selection: &Selection,
+    msg: &M,
+    collect: Collect,
+    timeout: Duration,
+) -> Result<CastFrame, MeshError> {
+    selection.bind(&view, 0)?;
+    Ok(CastFrame {
+        mesh: info.id,
+        generation: info.generation,
+        origin,
+        view,
+        selection: selection.clone(),
+        seed: rand_seed(),
+        procs: (0, info.proc_count()),
+        per_proc: info.per_proc,
+        payload: encode(msg).map_err(MeshError::Encode)?,
+        reply: None,
+        collect,
+        budget_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+    })
+}
+
+/// What a cast returns: `Ok` once every selected member has the message,
+/// else the members that could not be reached.
+pub(crate) fn acked(c: Contribution) -> Result<(), MeshError> {
+    if c.failed.is_empty() {
+        Ok(())
+    } else {
+        Err(MembersFailed {
+            failed: failures(c.failed),
+        }
+        .into())
+    }
+}
+
+/// What a call returns: the replies of a view of `shape` by rank, and the
+/// members that failed (a reply that does not decode is a failure).
+pub(crate) fn gathered<R: DeserializeOwned>(shape: Shape, c: Contribution) -> ValueMesh<R> {
+    let mut failed = failures(c.failed);
+    let mut values = Vec::with_capacity(c.values.len());
+    for (rank, bytes) in c.values {
+        match decode::<R>(&bytes) {
+            Ok(v) => values.push((Rank(rank), v)),
+            Err(e) => failed.push((Rank(rank), MemberError::BadReply(e))),
+        }
+    }
+    ValueMesh {
+        shape,
+        values,
+        failed,
+    }
+}
+
 fn rand_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::Instant::now())
@@ -314,15 +383,7 @@ impl<A> ActorMesh<A> {
     /// Stops every member (each proc stops its members in reverse rank
     /// order) and ends the mesh's supervision. Procs stay up.
     pub async fn stop(&self) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if self
-            .shared
-            .supervisor
-            .send(Signal::StopRequested(tx))
-            .is_ok()
-        {
-            let _ = rx.await;
-        }
+        self.shared.stop().await;
     }
 }
 
@@ -339,23 +400,8 @@ impl<A: MeshActor> ActorMesh<A> {
             return Err(MeshError::Stopped(info.name.clone()));
         }
         let view = self.view.clone().unwrap_or_else(|| info.shape.clone());
-        // Check it here, so that procs never see a selection that does not
-        // bind.
-        selection.bind(&view, 0)?;
-        Ok(CastFrame {
-            mesh: info.id,
-            generation: info.generation,
-            origin: self.rt.me().clone(),
-            view,
-            selection: selection.clone(),
-            seed: rand_seed(),
-            procs: (0, info.proc_count()),
-            per_proc: info.per_proc,
-            payload: encode(msg).map_err(MeshError::Encode)?,
-            reply: None,
-            collect,
-            budget_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
-        })
+        let origin = self.rt.me().clone();
+        cast_frame(info, view, origin, selection, msg, collect, timeout)
     }
 
     /// Delivers `msg` to every selected member, through the cast tree (the
@@ -366,15 +412,7 @@ impl<A: MeshActor> ActorMesh<A> {
         let info = self.shared.info();
         let timeout = self.rt.config().call_timeout;
         let frame = self.frame(&info, selection, msg, Collect::Ack, timeout)?;
-        let c = self.rt.root_cast(&info, frame).await;
-        if c.failed.is_empty() {
-            Ok(())
-        } else {
-            Err(MembersFailed {
-                failed: failures(c.failed),
-            }
-            .into())
-        }
+        acked(self.rt.root_cast(&info, frame).await)
     }
 
     /// Sends `msg` to every selected member and gathers the replies by rank.
@@ -399,20 +437,7 @@ impl<A: MeshActor> ActorMesh<A> {
         let info = self.shared.info();
         let frame = self.frame(&info, selection, msg, Collect::Gather, timeout)?;
         let shape = frame.view.clone();
-        let c = self.rt.root_cast(&info, frame).await;
-        let mut failed = failures(c.failed);
-        let mut values = Vec::with_capacity(c.values.len());
-        for (rank, bytes) in c.values {
-            match decode::<A::Reply>(&bytes) {
-                Ok(v) => values.push((Rank(rank), v)),
-                Err(e) => failed.push((Rank(rank), MemberError::BadReply(e))),
-            }
-        }
-        Ok(ValueMesh {
-            shape,
-            values,
-            failed,
-        })
+        Ok(gathered(shape, self.rt.root_cast(&info, frame).await))
     }
 
     /// Sends `msg` to the member at `rank` (of the whole mesh) and returns

@@ -33,7 +33,7 @@ use crate::selection::SelectionError;
 use crate::shape::{Rank, ShapeError};
 use crate::tree::DEFAULT_FANOUT;
 
-mod mesh;
+pub(crate) mod mesh;
 mod procs;
 mod supervise;
 
@@ -131,6 +131,15 @@ pub enum MeshError {
         /// Why.
         message: String,
     },
+    /// A member's mesh could not be spawned: the controller refused it or
+    /// could not be reached.
+    #[error("spawning {mesh}: {message}")]
+    SpawnChild {
+        /// The mesh.
+        mesh: String,
+        /// Why.
+        message: String,
+    },
     /// A value could not be encoded.
     #[error("encoding: {0}")]
     Encode(String),
@@ -205,9 +214,6 @@ impl LostProcs {
     }
 }
 
-/// A live mesh's supervisor, and what its references share.
-type MeshEntry = (mpsc::UnboundedSender<Signal>, Arc<mesh::MeshShared>);
-
 struct Inner {
     config: RuntimeConfig,
     ca: ClusterCa,
@@ -215,8 +221,9 @@ struct Inner {
     pending: Arc<Pending>,
     next_mesh: AtomicU64,
     next_proc: AtomicU64,
-    /// Each live mesh's supervisor, and what its references share.
-    meshes: Mutex<HashMap<MeshId, MeshEntry>>,
+    /// What the references of each live mesh share (its supervisor's
+    /// signals among them).
+    meshes: Mutex<HashMap<MeshId, Arc<mesh::MeshShared>>>,
     /// Meshes owned by members of other meshes: by owner mesh, (owner rank,
     /// owned mesh).
     owned: Mutex<HashMap<MeshId, Vec<(u32, MeshId)>>>,
@@ -461,17 +468,12 @@ impl Runtime {
         self.inner.leased.lock().expect("leased lock").remove(proc);
     }
 
-    pub(crate) fn register_mesh(
-        &self,
-        id: MeshId,
-        tx: mpsc::UnboundedSender<Signal>,
-        shared: Arc<mesh::MeshShared>,
-    ) {
+    pub(crate) fn register_mesh(&self, shared: Arc<mesh::MeshShared>) {
         self.inner
             .meshes
             .lock()
             .expect("meshes lock")
-            .insert(id, (tx, shared));
+            .insert(shared.id, shared);
     }
 
     /// The names of the meshes this controller supervises now, sorted.
@@ -482,7 +484,7 @@ impl Runtime {
             .lock()
             .expect("meshes lock")
             .values()
-            .map(|(_, shared)| shared.info().name.clone())
+            .map(|shared| shared.info().name.clone())
             .collect();
         names.sort();
         names
@@ -495,7 +497,7 @@ impl Runtime {
             .lock()
             .expect("meshes lock")
             .get(&id)
-            .map(|(_, shared)| shared.info())
+            .map(|shared| shared.info())
     }
 
     /// Stops every mesh that has members on any of `procs` (they are about
@@ -507,14 +509,25 @@ impl Runtime {
             .lock()
             .expect("meshes lock")
             .iter()
-            .filter(|(_, (_, shared))| shared.info().procs.iter().any(|a| procs.contains(&a.proc)))
+            .filter(|(_, shared)| shared.info().procs.iter().any(|a| procs.contains(&a.proc)))
             .map(|(id, _)| *id)
             .collect();
         for id in on {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            if self.signal_mesh(id, Signal::StopRequested(tx)) {
-                let _ = rx.await;
-            }
+            self.stop_mesh(id).await;
+        }
+    }
+
+    /// Asks a live mesh's supervisor to stop it, and waits until it has.
+    async fn stop_mesh(&self, id: MeshId) {
+        let shared = self
+            .inner
+            .meshes
+            .lock()
+            .expect("meshes lock")
+            .get(&id)
+            .cloned();
+        if let Some(shared) = shared {
+            shared.stop().await;
         }
     }
 
@@ -544,10 +557,7 @@ impl Runtime {
             stop.into_iter().map(|(_, c)| c).collect()
         };
         for child in children {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            if self.signal_mesh(child, Signal::StopRequested(tx)) {
-                let _ = rx.await;
-            }
+            self.stop_mesh(child).await;
         }
     }
 
@@ -581,14 +591,14 @@ impl Runtime {
 
     pub(crate) fn signal_mesh(&self, id: MeshId, signal: Signal) -> bool {
         match self.inner.meshes.lock().expect("meshes lock").get(&id) {
-            Some((tx, _)) => tx.send(signal).is_ok(),
+            Some(shared) => shared.supervisor.send(signal).is_ok(),
             None => false,
         }
     }
 
     fn signal_all(&self, signal: impl Fn() -> Signal) {
-        for (tx, _) in self.inner.meshes.lock().expect("meshes lock").values() {
-            let _ = tx.send(signal());
+        for shared in self.inner.meshes.lock().expect("meshes lock").values() {
+            let _ = shared.supervisor.send(signal());
         }
     }
 
@@ -698,9 +708,13 @@ impl Runtime {
 
     /// Casts `frame` from the controller, as the root of the tree.
     pub(crate) async fn root_cast(&self, info: &MeshInfo, frame: CastFrame) -> Contribution {
-        let fabric = self.inner.fabric.as_ref();
-        let d = node::dispatch(fabric, &self.inner.pending, info, &frame, None).await;
-        node::collect(&self.inner.pending, d).await
+        node::from_root(
+            self.inner.fabric.as_ref(),
+            &self.inner.pending,
+            info,
+            &frame,
+        )
+        .await
     }
 }
 

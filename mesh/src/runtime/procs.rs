@@ -182,17 +182,10 @@ pub(super) async fn spawn_mesh(
         generation: Generation(0),
     };
     info.validate().map_err(MeshError::Encode)?;
-    let spawns = on.iter().enumerate().map(|(rank, addr)| {
-        let proc = AllocatedProc {
-            proc: addr.proc.clone(),
-            addr: addr.clone(),
-            host: String::new(),
-            pid: 0,
-        };
-        let info = &info;
-        let args = &spec.args;
-        async move { spawn_on(rt, info, rank as u32, &proc, args).await }
-    });
+    let spawns = on
+        .iter()
+        .enumerate()
+        .map(|(rank, addr)| spawn_on(rt, &info, rank as u32, &addr.proc, &spec.args));
     let results = join_all(spawns).await;
     let failed = results.into_iter().find_map(Result::err);
     let shared = supervise::start(supervise::Setup {
@@ -204,14 +197,7 @@ pub(super) async fn spawn_mesh(
         options: spec.options,
     });
     if let Some(err) = failed {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if shared
-            .supervisor
-            .send(supervise::Signal::StopRequested(tx))
-            .is_ok()
-        {
-            let _ = rx.await;
-        }
+        shared.stop().await;
         return Err(err);
     }
     Ok(shared)
@@ -222,13 +208,13 @@ pub(super) async fn spawn_on(
     rt: &Runtime,
     info: &MeshInfo,
     rank: u32,
-    proc: &AllocatedProc,
+    proc: &regent_net::ProcId,
     args: &bytes::Bytes,
 ) -> Result<(), MeshError> {
     let reply_to = rt.reply_port();
     let body = rt
         .request(
-            &proc.proc,
+            proc,
             |call| ProcCommand::Spawn {
                 call,
                 reply_to,
@@ -239,7 +225,7 @@ pub(super) async fn spawn_on(
             &info.name,
         )
         .await?;
-    spawned(body, info, &proc.proc)
+    spawned(body, info, proc)
 }
 
 pub(super) fn spawned(

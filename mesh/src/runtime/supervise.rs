@@ -92,9 +92,9 @@ pub(crate) fn start(setup: Setup) -> Arc<MeshShared> {
         info: RwLock::new(Arc::new(setup.info)),
         status: watch::channel(MeshStatus::Running).0,
         failures: broadcast::channel(FAILURES).0,
-        supervisor: tx.clone(),
+        supervisor: tx,
     });
-    setup.rt.register_mesh(id, tx, shared.clone());
+    setup.rt.register_mesh(shared.clone());
     if let Some((parent, rank)) = setup.options.owner {
         setup.rt.adopt(parent, rank.0, id);
     }
@@ -503,7 +503,7 @@ impl Supervisor {
         // ranks; every other proc enrolls in the new generation.
         let spawns = replaced
             .iter()
-            .map(|(rank, proc)| async move { spawn_on(rt, info_ref, *rank, proc, args).await });
+            .map(|(rank, proc)| spawn_on(rt, info_ref, *rank, &proc.proc, args));
         let mut updates = Vec::new();
         for (rank, addr) in info.procs.iter().enumerate() {
             let rank = rank as u32;
@@ -551,20 +551,11 @@ impl Supervisor {
         self.replace_dead(&mut info).await?;
         let rt = &self.rt;
         let args = &self.args;
-        let procs: Vec<AllocatedProc> = info
+        let spawns = info
             .procs
             .iter()
-            .map(|a| AllocatedProc {
-                proc: a.proc.clone(),
-                addr: a.clone(),
-                host: String::new(),
-                pid: 0,
-            })
-            .collect();
-        let spawns = procs
-            .iter()
             .enumerate()
-            .map(|(rank, p)| spawn_on(rt, &info, rank as u32, p, args));
+            .map(|(rank, a)| spawn_on(rt, &info, rank as u32, &a.proc, args));
         let results = join_all(spawns).await;
         *self.shared.info.write().expect("mesh info lock") = Arc::new(info);
         results.into_iter().collect::<Result<Vec<()>, _>>()?;
