@@ -5,3 +5,4 @@
 pub mod mesh_actors;
 pub mod peers;
 pub mod process;
+pub mod tempdir;

@@ -122,8 +122,18 @@ pub mod rdma {
         }
     }
 
-    /// `bytes` as lowercase hex.
+    /// `bytes` as lowercase hex (handles travel as hex on the peer's lines).
     pub fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The bytes of [`hex`]'s output.
+    ///
+    /// # Panics
+    /// On anything else (the suite's own peer wrote it).
+    pub fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len() / 2)
+            .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+            .collect()
     }
 }

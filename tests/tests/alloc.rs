@@ -18,7 +18,6 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead as _, BufReader};
 use std::num::NonZeroU32;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,6 +51,7 @@ const EXIT_REPORT_BOUND: Duration = Duration::from_secs(2);
 const FAILURE_TIMEOUT: Duration = Duration::from_secs(3);
 
 use regent_tests::peers::alloc::{Exit, Panic, Ping, Pong};
+use regent_tests::tempdir::TempDir;
 
 fn pid_of(name: &str) -> ProcId {
     ProcId::new(name).expect("valid proc id")
@@ -114,28 +114,6 @@ async fn assert_no_marked_processes(marker: &str) {
             "processes of this test outlived it: {left:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let path =
-            std::env::temp_dir().join(format!("regent-alloc-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -531,7 +509,7 @@ struct HostProcess {
 
 impl HostProcess {
     fn start(ca: &ClusterCa, name: &str, marker: &str, extra: &[&str]) -> Self {
-        let dir = TempDir::new(name);
+        let dir = TempDir::new("alloc", name);
         ca.issue(&pid_of(name))
             .expect("issue")
             .save(&dir.0)
@@ -919,7 +897,7 @@ async fn slurm_allocator_starts_host_agents_with_srun() {
     }
     let marker = marker("slurm");
     let mut ctl = Controller::new("ctl-slurm");
-    let shared = TempDir::new("slurm-shared");
+    let shared = TempDir::new("alloc", "slurm-shared");
     let config = SlurmConfig::default()
         .tasks_per_node(NonZeroU32::new(2).expect("2"))
         .host_program(PROC_BIN, Vec::<String>::new())

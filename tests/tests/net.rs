@@ -23,6 +23,7 @@ use regent_net::{
     ProcId, RejectCause, TransportEvent, UndeliveredCause,
 };
 use regent_tests::peers::net::Probe;
+use regent_tests::tempdir::TempDir;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
@@ -33,35 +34,6 @@ const DETECTION_SLACK: Duration = Duration::from_millis(750);
 
 fn pid(name: &str) -> ProcId {
     ProcId::new(name).expect("valid proc id")
-}
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "regent-net-{tag}-{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos() ^ u128::from(rand_u32())
-        ));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        Self(path)
-    }
-}
-
-/// Sub-second clock bits, to keep temp dirs of concurrent runs apart.
-fn rand_u32() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0)
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Files of a peer's credentials.
@@ -313,7 +285,7 @@ fn assert_fifo_once(got: &[(u32, u64, u64)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_messages_flow_both_ways_in_fifo_order() {
-    let dir = TempDir::new("fifo");
+    let dir = TempDir::new("net", "fifo");
     let ca = ClusterCa::generate("fifo").expect("ca");
     let mut hub = Hub::new(&ca, EndpointConfig::default());
     let mut peer = Peer::spawn("peer", &issued(&ca, &dir.0, "peer"), &[]).await;
@@ -358,7 +330,7 @@ async fn typed_messages_flow_both_ways_in_fifo_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_peer_is_detected_in_time_and_the_session_resumes() {
-    let dir = TempDir::new("stop");
+    let dir = TempDir::new("net", "stop");
     let ca = ClusterCa::generate("stop").expect("ca");
     let config = EndpointConfig::default();
     let failure_timeout = config.failure_timeout;
@@ -421,7 +393,7 @@ async fn a_stopped_peer_is_detected_in_time_and_the_session_resumes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_peer_is_detected_and_its_restart_gets_a_fresh_session() {
-    let dir = TempDir::new("kill");
+    let dir = TempDir::new("net", "kill");
     let ca = ClusterCa::generate("kill").expect("ca");
     let config = EndpointConfig::default();
     let failure_timeout = config.failure_timeout;
@@ -554,7 +526,7 @@ async fn a_killed_peer_is_detected_and_its_restart_gets_a_fresh_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undeliverable_messages_come_back_with_the_message() {
-    let dir = TempDir::new("undeliverable");
+    let dir = TempDir::new("net", "undeliverable");
     let ca = ClusterCa::generate("undeliverable").expect("ca");
     let config = EndpointConfig::default().reconnect_timeout(Duration::from_secs(2));
     let mut hub = Hub::new(&ca, config);
@@ -643,7 +615,7 @@ async fn refused(hub: &mut Hub, proc: &str, files: &CredFiles, unchecked: bool) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peers_without_a_certificate_of_this_cluster_for_their_identity_are_refused() {
-    let dir = TempDir::new("refusal");
+    let dir = TempDir::new("net", "refusal");
     let ca = ClusterCa::generate("refusal").expect("ca");
     let mut hub = Hub::new(&ca, EndpointConfig::default());
 
@@ -702,7 +674,7 @@ async fn peers_without_a_certificate_of_this_cluster_for_their_identity_are_refu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_frame_is_rejected_with_a_clear_error() {
-    let dir = TempDir::new("oversized");
+    let dir = TempDir::new("net", "oversized");
     let ca = ClusterCa::generate("oversized").expect("ca");
     let mut hub = Hub::new(&ca, EndpointConfig::default());
     let mut peer = Peer::spawn(

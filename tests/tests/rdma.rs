@@ -11,7 +11,6 @@
 //! when a test fails. Deadlines are generous (2-core CI machines).
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +25,8 @@ use regent_rdma::{
     BackendKind, BackendPolicy, BufferManager, Error, MEMFD_NAME_PREFIX, ManagerConfig,
     RemoteBuffer,
 };
-use regent_tests::peers::rdma::fill;
+use regent_tests::peers::rdma::{fill, unhex};
+use regent_tests::tempdir::TempDir;
 use tokio::sync::mpsc;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -43,34 +43,6 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
-}
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "regent-rdma-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A spawned `rdma_peer`, killed and reaped on drop.
 struct Peer {
     child: Child,
@@ -82,7 +54,7 @@ struct Peer {
 
 impl Peer {
     async fn spawn(ca: &ClusterCa, name: &str) -> Self {
-        let dir = TempDir::new(name);
+        let dir = TempDir::new("rdma", name);
         let (chain, key, ca_pem) = ca.issue(&pid(name)).expect("issue").to_pem();
         let file = |ext: &str, body: &str| {
             let p = dir.0.join(format!("{name}.{ext}"));
