@@ -15,6 +15,7 @@ use serde::Serialize;
 
 pub mod mesh;
 pub mod net;
+mod peer;
 pub mod rdma;
 pub mod recovery;
 pub mod supervision;

@@ -24,8 +24,7 @@
 //! head-of-line rounds measure the unloaded round trip just before loading),
 //! so that both see the same load on a shared machine.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -35,9 +34,10 @@ use regent_net::{
     ClusterCa, Endpoint, EndpointConfig, Generation, Inbox, Message, ProcCredentials, ProcId,
 };
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::peer::Peer;
 use super::{BenchOptions, Figure, Report, micros, percentile};
 
 const SUITE: &str = "net";
@@ -94,25 +94,6 @@ fn pid(name: &str) -> anyhow::Result<ProcId> {
     Ok(ProcId::new(name)?)
 }
 
-/// The peer process, killed and reaped on drop.
-struct PeerProcess(Child);
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Runs the suite.
 pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
     let (rtt_n, one_way_n, warmup) = if opts.quick {
@@ -120,29 +101,13 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
     } else {
         (20_000, 200_000, 2_000)
     };
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("regent-bench-net-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0)?;
     let ca = ClusterCa::generate("regent bench")?;
-    ca.issue(&pid(SERVER)?)?.save(&dir.0)?;
     let client_creds = ca.issue(&pid(CLIENT)?)?;
-
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg("bench-peer")
-        .arg("--dir")
-        .arg(&dir.0)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("spawn the bench peer")?;
-    let stdout = child.stdout.take().context("peer stdout")?;
-    let _peer = PeerProcess(child);
-    let mut lines = BufReader::new(tokio::process::ChildStdout::from_std(stdout)?).lines();
-    let ready = tokio::time::timeout(DEADLINE, lines.next_line())
-        .await
-        .context("peer did not start")??
-        .context("peer exited")?;
+    let (_peer, ready) = Peer::start("net", "bench-peer", DEADLINE, |dir| {
+        ca.issue(&pid(SERVER)?)?.save(dir)?;
+        Ok(())
+    })
+    .await?;
     let words: Vec<&str> = ready.split_whitespace().collect();
     let ["READY", quic, tcp] = words.as_slice() else {
         bail!("unexpected peer line {ready:?}");

@@ -16,18 +16,18 @@
 //! measured in rounds that interleave every figure with its baselines, so
 //! that all see the same load on a shared machine.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use regent_net::{ClusterCa, ProcCredentials, ProcId};
 use regent_rdma::{
     BackendKind, BackendPolicy, BufferManager, LocalBuffer, ManagerConfig, Memory, RemoteBuffer,
 };
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::peer::Peer;
 use super::{BenchOptions, Figure, Report, median};
 
 const SUITE: &str = "rdma";
@@ -39,25 +39,6 @@ const MIB: usize = 1 << 20;
 const ROUNDS: usize = 3;
 /// The raw TCP stream's write and read size.
 const RAW_CHUNK_BYTES: usize = 4 * MIB;
-
-/// The peer process, killed and reaped on drop.
-struct PeerProcess(Child);
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn size_name(bytes: usize) -> String {
     if bytes >= 1 << 30 {
@@ -91,23 +72,6 @@ fn ops_per_round(bytes: usize, quick: bool) -> usize {
     (budget / bytes).clamp(1, 64)
 }
 
-/// The peer's stdin and stdout lines.
-struct PeerLink {
-    stdin: tokio::process::ChildStdin,
-    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-}
-
-impl PeerLink {
-    async fn ask(&mut self, cmd: &str) -> anyhow::Result<String> {
-        self.stdin.write_all(format!("{cmd}\n").as_bytes()).await?;
-        self.stdin.flush().await?;
-        tokio::time::timeout(DEADLINE, self.lines.next_line())
-            .await
-            .context("the peer did not answer")??
-            .context("the peer exited")
-    }
-}
-
 /// Samples of one figure.
 #[derive(Default)]
 struct Samples(Vec<Duration>);
@@ -125,33 +89,13 @@ pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> 
     } else {
         &[MIB, 64 * MIB, 1 << 30]
     };
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("regent-bench-rdma-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0)?;
     let ca = ClusterCa::generate("regent bench")?;
-    ca.issue(&ProcId::new(OWNER)?)?.save(&dir.0)?;
     let reader_creds = ca.issue(&ProcId::new(READER)?)?;
-
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg("bench-rdma-peer")
-        .arg("--dir")
-        .arg(&dir.0)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("spawn the bench peer")?;
-    let stdin = child.stdin.take().context("peer stdin")?;
-    let stdout = child.stdout.take().context("peer stdout")?;
-    let _peer = PeerProcess(child);
-    let mut peer = PeerLink {
-        stdin: tokio::process::ChildStdin::from_std(stdin)?,
-        lines: BufReader::new(tokio::process::ChildStdout::from_std(stdout)?).lines(),
-    };
-    let ready = tokio::time::timeout(DEADLINE, peer.lines.next_line())
-        .await
-        .context("peer did not start")??
-        .context("peer exited")?;
+    let (mut peer, ready) = Peer::start("rdma", "bench-rdma-peer", DEADLINE, |dir| {
+        ca.issue(&ProcId::new(OWNER)?)?.save(dir)?;
+        Ok(())
+    })
+    .await?;
     let raw_addr: std::net::SocketAddr = match ready.split_whitespace().collect::<Vec<_>>()[..] {
         ["READY", addr] => addr.parse()?,
         _ => bail!("unexpected peer line {ready:?}"),
