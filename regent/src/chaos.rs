@@ -70,13 +70,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .unwrap_or(rest.len());
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
-        total += match unit {
-            "h" => Duration::from_secs(n * 3600),
-            "m" | "min" => Duration::from_secs(n * 60),
-            "s" | "" => Duration::from_secs(n),
-            "ms" => Duration::from_millis(n),
+        let part = match unit {
+            "h" => n.checked_mul(3600).map(Duration::from_secs),
+            "m" | "min" => n.checked_mul(60).map(Duration::from_secs),
+            "s" | "" => Some(Duration::from_secs(n)),
+            "ms" => Some(Duration::from_millis(n)),
             other => return Err(format!("{text:?}: unknown unit {other:?} (h, m, s, ms)")),
         };
+        total = part
+            .and_then(|p| total.checked_add(p))
+            .ok_or_else(|| format!("{text:?}: too long"))?;
     }
     Ok(total)
 }
@@ -193,6 +196,9 @@ mod tests {
         assert!(parse_duration("").is_err());
         assert!(parse_duration("5 days").is_err());
         assert!(parse_duration("h").is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
+        assert!(parse_duration("9999999999999999999h").is_err());
+        assert!(parse_duration("18446744073709551615s1s").is_err());
     }
 
     #[test]
