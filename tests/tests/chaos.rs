@@ -635,13 +635,26 @@ async fn a_proc_replaced_during_a_restart_is_reported_as_failed() {
             *s == MeshStatus::Running && !mesh.procs().iter().any(|a| a.proc == second)
         })
         .await;
-    // Whatever the supervisor published, by now and a little later.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // What the supervisor published, until a failure names rank 1 (it
+    // should have been published before the recovery; a little more time
+    // for a loaded machine).
     let mut named = HashSet::new();
-    while let Ok(f) = failures.try_recv() {
-        println!("observed: {f}");
-        named.extend(f.ranks.iter().map(|r| r.0));
-    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match failures.recv().await {
+                Ok(f) => {
+                    println!("observed: {f}");
+                    named.extend(f.ranks.iter().map(|r| r.0));
+                    if named.contains(&1) {
+                        break;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            }
+        }
+    })
+    .await;
     let _ = tokio::time::timeout(Duration::from_secs(5), mesh.stop()).await;
     drop(procs);
     let survivors = cluster.shutdown(DEADLINE).await;
