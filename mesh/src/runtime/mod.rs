@@ -561,20 +561,21 @@ impl Runtime {
         }
     }
 
+    /// Sends a command to a proc's runtime.
+    async fn send_command(&self, proc: &ProcId, cmd: ProcCommand) -> Result<(), String> {
+        let fabric = &self.inner.fabric;
+        let port = proc_port(proc, names::COMMAND_PORT);
+        fabric
+            .endpoint
+            .send(&fabric.me, &port, Generation(0), cmd)
+            .await
+            .map_err(|e| e.failure.to_string())
+    }
+
     /// Sends a command to a proc without waiting for an answer.
     pub(crate) async fn tell(&self, proc: &ProcId, cmd: ProcCommand) {
-        let fabric = &self.inner.fabric;
-        if let Err(e) = fabric
-            .endpoint
-            .send(
-                &fabric.me,
-                &proc_port(proc, names::COMMAND_PORT),
-                Generation(0),
-                cmd,
-            )
-            .await
-        {
-            tracing::warn!(%proc, error = %e.failure, "could not tell a proc");
+        if let Err(error) = self.send_command(proc, cmd).await {
+            tracing::warn!(%proc, %error, "could not tell a proc");
         }
     }
 
@@ -647,22 +648,12 @@ impl Runtime {
         }
         let (call, answer) = self.inner.pending.request();
         let cmd = build(call);
-        let fabric = &self.inner.fabric;
-        if let Err(e) = fabric
-            .endpoint
-            .send(
-                &fabric.me,
-                &proc_port(proc, names::COMMAND_PORT),
-                Generation(0),
-                cmd,
-            )
-            .await
-        {
+        if let Err(message) = self.send_command(proc, cmd).await {
             self.inner.pending.forget(call);
             return Err(MeshError::Spawn {
                 mesh: what.to_owned(),
                 proc: proc.clone(),
-                message: e.failure.to_string(),
+                message,
             });
         }
         let after = self.inner.config.call_timeout;
