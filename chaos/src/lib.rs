@@ -4,7 +4,7 @@
 //!
 //! - Injectors: process faults go through the [`Allocator`]'s signals
 //!   (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), actor panics through the
-//!   workload's test-only hook (feature `panic-hook`); link faults through a
+//!   workload actor ([`workload::Tally`], told to panic); link faults through a
 //!   UDP [`Proxy`] in front of every node's QUIC endpoint, driven by the
 //!   shared [`Network`] rules (drop, delay with jitter, duplicate, reorder,
 //!   bandwidth cap, blackhole, one-way and two-way partitions), changeable

@@ -55,9 +55,10 @@ pub enum TallyMsg {
         /// The first number of interest.
         from: u64,
     },
-    /// Panic in the handler: the test-only actor-panic hook. Honoured only
-    /// with the `panic-hook` feature; without it the member refuses with an
-    /// error reply... which also fails the member, so it is never sent then.
+    /// Panic in the handler: how the chaos runs inject actor panics. The
+    /// workload actor is the chaos crate's own (linked only by the binaries
+    /// that run chaos: the `regent` command and the test suites), so no
+    /// user binary carries a panic-on-command path.
     Panic,
 }
 
@@ -227,18 +228,9 @@ impl MeshActor for Tally {
     }
 }
 
-#[cfg(feature = "panic-hook")]
 fn panic_hook(rank: u32) -> Result<TallyReply, ActorError> {
     panic!("chaos: injected panic in rank {rank}");
 }
-
-#[cfg(not(feature = "panic-hook"))]
-fn panic_hook(rank: u32) -> Result<TallyReply, ActorError> {
-    Err(format!("rank {rank}: the panic hook is off (build regent-chaos with `panic-hook`)").into())
-}
-
-/// Whether this build honours [`TallyMsg::Panic`].
-pub const PANIC_HOOK: bool = cfg!(feature = "panic-hook");
 
 regent_mesh::register_actor!(Tally);
 

@@ -50,6 +50,11 @@ pub(crate) trait Fabric: Send + Sync {
     fn reply_port(&self) -> PortId;
     /// This node's proc.
     fn proc(&self) -> &ProcId;
+    /// The actor type procs know by `name` (the registry's, unless the
+    /// fabric brings its own, as the simulation does).
+    fn actor_type(&self, name: &str) -> Option<&'static registry::ActorType> {
+        registry::actor_type(name)
+    }
     /// Learns where a mesh's procs are.
     fn learn(&self, info: &MeshInfo) {
         let _ = info;

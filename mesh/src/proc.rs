@@ -204,8 +204,8 @@ fn child_id(mesh: MeshId, rank: u32, generation: regent_net::Generation) -> Stri
 }
 
 impl ProcRuntime {
-    fn actor_type(info: &MeshInfo) -> Result<&'static registry::ActorType, String> {
-        registry::actor_type(&info.actor_type).ok_or_else(|| {
+    fn actor_type(&self, info: &MeshInfo) -> Result<&'static registry::ActorType, String> {
+        self.fabric.actor_type(&info.actor_type).ok_or_else(|| {
             format!(
                 "no actor type {:?} is registered in this proc (registered: {:?})",
                 info.actor_type,
@@ -222,7 +222,7 @@ impl ProcRuntime {
         rank: u32,
         args: &Bytes,
     ) -> Result<(String, ActorRef<MemberMsg>), String> {
-        let actor_type = Self::actor_type(info)?;
+        let actor_type = self.actor_type(info)?;
         let point = info
             .shape
             .point_of(Rank(rank))
@@ -310,7 +310,7 @@ impl ProcRuntime {
         if self.meshes.contains_key(&info.id) {
             return Err(format!("mesh {} already has members here", info.name));
         }
-        Self::actor_type(&info)?;
+        self.actor_type(&info)?;
         self.fabric.learn(&info);
         let mut members: LocalMembers = Vec::with_capacity(info.per_proc as usize);
         let mut child_ids = Vec::with_capacity(info.per_proc as usize);

@@ -48,7 +48,9 @@ impl MeshActor for SimMember {
     }
 }
 
-crate::register_actor!(SimMember);
+/// Known to the simulated procs through their fabric, not the registry: a
+/// user's binary registers no actor of the simulation.
+static SIM_MEMBER: crate::registry::ActorType = crate::registry::ActorType::of::<SimMember>();
 
 struct World {
     inboxes: Vec<mpsc::UnboundedSender<ProcCommand>>,
@@ -93,6 +95,10 @@ impl Fabric for SimFabric {
 
     fn proc(&self) -> &ProcId {
         &self.me
+    }
+
+    fn actor_type(&self, name: &str) -> Option<&'static crate::registry::ActorType> {
+        (name == SimMember::NAME).then_some(&SIM_MEMBER)
     }
 }
 

@@ -7,8 +7,6 @@
 //! recovery latency p50/p99, invariant results.
 //!
 //! Every run prints its seed; `--seed` replays the same fault timelines.
-//! Actor panics need the test-only hook: build with `--features
-//! chaos-panic`; without it the soak leaves them out and says so.
 
 use std::time::Duration;
 
@@ -19,19 +17,19 @@ use regent_chaos::{
 
 /// What `regent chaos soak` was asked.
 #[derive(Debug, Clone)]
-pub struct SoakOptions {
+pub(crate) struct SoakOptions {
     /// How long to run (the last round completes).
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// The seed (`None`: a fresh one, printed).
-    pub seed: Option<Seed>,
+    pub(crate) seed: Option<Seed>,
     /// Procs in the mesh.
-    pub procs: u32,
+    pub(crate) procs: u32,
     /// Members per proc.
-    pub per_proc: u32,
+    pub(crate) per_proc: u32,
     /// Each round's fault phase.
-    pub round: Duration,
+    pub(crate) round: Duration,
     /// The kinds of fault to inject (`None`: all).
-    pub faults: Option<Vec<FaultKind>>,
+    pub(crate) faults: Option<Vec<FaultKind>>,
 }
 
 impl Default for SoakOptions {
@@ -48,7 +46,7 @@ impl Default for SoakOptions {
 }
 
 /// Parses a duration such as `1h`, `30m`, `90s`, `500ms` or `1h30m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let mut total = Duration::ZERO;
     let mut rest = text.trim();
     if rest.is_empty() {
@@ -86,7 +84,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Parses a comma-separated list of fault kinds (`kill,pause,loss`; the
 /// names of `FaultKind::name`).
-pub fn parse_faults(text: &str) -> Result<Vec<FaultKind>, String> {
+pub(crate) fn parse_faults(text: &str) -> Result<Vec<FaultKind>, String> {
     text.split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
@@ -103,14 +101,11 @@ pub fn parse_faults(text: &str) -> Result<Vec<FaultKind>, String> {
 }
 
 /// The soak's scenario for these options and seed.
-pub fn scenario(opts: &SoakOptions, seed: Seed) -> Scenario {
-    let mut mix = match &opts.faults {
+pub(crate) fn scenario(opts: &SoakOptions, seed: Seed) -> Scenario {
+    let mix = match &opts.faults {
         Some(kinds) => FaultMix::only(kinds),
         None => FaultMix::default(),
     };
-    if !regent_chaos::workload::PANIC_HOOK {
-        mix = mix.with(FaultKind::Panic, 0);
-    }
     let schedule = ScheduleConfig::default()
         .duration(opts.round)
         .mean_gap(Duration::from_secs(3))
@@ -124,7 +119,7 @@ pub fn scenario(opts: &SoakOptions, seed: Seed) -> Scenario {
 
 /// Runs the soak: prints the seed, shows progress, and returns the report
 /// (the caller prints it and fails on violations).
-pub async fn soak(opts: SoakOptions) -> anyhow::Result<Report> {
+pub(crate) async fn soak(opts: SoakOptions) -> anyhow::Result<Report> {
     let seed = opts.seed.unwrap_or_else(Seed::from_entropy);
     let kinds: Vec<&str> = match &opts.faults {
         Some(k) => k.iter().map(|k| k.name()).collect(),
@@ -137,9 +132,6 @@ pub async fn soak(opts: SoakOptions) -> anyhow::Result<Report> {
         opts.duration,
         kinds.join(",")
     );
-    if !regent_chaos::workload::PANIC_HOOK {
-        println!("actor panics: off (build regent with --features chaos-panic to include them)");
-    }
     let scenario = scenario(&opts, seed);
     let bar = indicatif::ProgressBar::new(opts.duration.as_secs().max(1));
     bar.set_style(

@@ -279,7 +279,7 @@ async fn wait_until(
 }
 
 /// Runs the demo and prints what happened.
-pub async fn run() -> anyhow::Result<()> {
+pub(crate) async fn run() -> anyhow::Result<()> {
     // The panics below are injected and the supervisors report them; the
     // default hook's message and backtrace would only be noise.
     std::panic::set_hook(Box::new(|_| {}));

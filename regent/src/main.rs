@@ -6,7 +6,13 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use regent::bench::{self, BenchOptions, Report};
+// The command's own modules: not part of the `regent` library, so that no
+// user binary links their actors.
+mod bench;
+mod chaos;
+mod demo;
+
+use bench::{BenchOptions, Report};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -106,7 +112,7 @@ enum ChaosCommand {
     /// non-zero on any violation.
     Soak {
         /// How long (e.g. 1h, 30m, 90s).
-        #[arg(long, default_value = "1h", value_parser = regent::chaos::parse_duration)]
+        #[arg(long, default_value = "1h", value_parser = chaos::parse_duration)]
         duration: std::time::Duration,
         /// The seed (decimal or 0x hex); the same seed replays the same
         /// fault timelines. Default: a fresh one, printed.
@@ -150,7 +156,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     match cli.command {
-        Command::Demo => rt.block_on(regent::demo::run()),
+        Command::Demo => rt.block_on(demo::run()),
         Command::Bench { suite, quick, json } => {
             let opts = BenchOptions { quick };
             let mut report = Report::default();
@@ -188,18 +194,18 @@ fn main() -> anyhow::Result<()> {
                     faults,
                 },
         } => {
-            let opts = regent::chaos::SoakOptions {
+            let opts = chaos::SoakOptions {
                 duration,
                 seed,
                 procs,
                 per_proc,
                 faults: faults
-                    .map(|f| regent::chaos::parse_faults(&f))
+                    .map(|f| chaos::parse_faults(&f))
                     .transpose()
                     .map_err(anyhow::Error::msg)?,
-                ..regent::chaos::SoakOptions::default()
+                ..chaos::SoakOptions::default()
             };
-            let report = rt.block_on(regent::chaos::soak(opts))?;
+            let report = rt.block_on(chaos::soak(opts))?;
             println!("{report}");
             if report.violations() > 0 {
                 anyhow::bail!("{} invariant violation(s)", report.violations());

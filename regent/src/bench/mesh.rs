@@ -27,7 +27,7 @@ use super::{BenchOptions, Figure, Report, median, micros};
 const SUITE: &str = "mesh";
 
 /// The benchmarks' mesh actor: answers with its rank.
-pub struct Echo {
+pub(crate) struct Echo {
     rank: u32,
 }
 
@@ -209,7 +209,7 @@ async fn simulation(report: &mut Report, members: &[(u32, u32)]) -> anyhow::Resu
 }
 
 /// Runs the suite.
-pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
+pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
     let rounds = if opts.quick { 20 } else { 200 };
     let (rt, alloc) = cluster(RuntimeConfig::default()).await?;
     for (p, per_proc) in [(1usize, 1u32), (2, 4), (4, 4), (4, 16), (4, 64)] {

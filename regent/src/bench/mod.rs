@@ -13,51 +13,51 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub mod mesh;
-pub mod net;
+pub(crate) mod mesh;
+pub(crate) mod net;
 mod peer;
-pub mod rdma;
-pub mod recovery;
-pub mod supervision;
+pub(crate) mod rdma;
+pub(crate) mod recovery;
+pub(crate) mod supervision;
 
 /// Options shared by every suite.
 #[derive(Debug, Clone, Copy)]
-pub struct BenchOptions {
+pub(crate) struct BenchOptions {
     /// A short run: fewer iterations, for smoke tests and CI.
-    pub quick: bool,
+    pub(crate) quick: bool,
 }
 
 /// A baseline measured in the same run.
 #[derive(Debug, Clone, Serialize)]
-pub struct Baseline {
+pub(crate) struct Baseline {
     /// What was measured (e.g. `bare_spawn`, `tcp_echo`).
-    pub name: String,
+    pub(crate) name: String,
     /// Its value, in `unit`.
-    pub value: f64,
+    pub(crate) value: f64,
     /// The unit.
-    pub unit: String,
+    pub(crate) unit: String,
 }
 
 /// One measured figure.
 #[derive(Debug, Clone, Serialize)]
-pub struct Figure {
+pub(crate) struct Figure {
     /// The suite (`supervision`, `net`, ...).
-    pub suite: String,
+    pub(crate) suite: String,
     /// The figure's name within the suite.
-    pub name: String,
+    pub(crate) name: String,
     /// The value, in `unit`.
-    pub value: f64,
+    pub(crate) value: f64,
     /// The unit (`us`, `ms`, `msg/s`, `GB/s`, ...).
-    pub unit: String,
+    pub(crate) unit: String,
     /// The baseline, when the figure has one.
-    pub baseline: Option<Baseline>,
+    pub(crate) baseline: Option<Baseline>,
     /// `value / baseline.value`.
-    pub ratio: Option<f64>,
+    pub(crate) ratio: Option<f64>,
 }
 
 impl Figure {
     /// A figure without a baseline.
-    pub fn new(suite: &str, name: &str, value: f64, unit: &str) -> Self {
+    pub(crate) fn new(suite: &str, name: &str, value: f64, unit: &str) -> Self {
         Self {
             suite: suite.to_owned(),
             name: name.to_owned(),
@@ -70,7 +70,7 @@ impl Figure {
 
     /// Adds the baseline (in the same unit as the figure unless given) and
     /// computes the ratio.
-    pub fn against(mut self, name: &str, value: f64, unit: &str) -> Self {
+    pub(crate) fn against(mut self, name: &str, value: f64, unit: &str) -> Self {
         self.ratio = (value != 0.0).then(|| self.value / value);
         self.baseline = Some(Baseline {
             name: name.to_owned(),
@@ -114,31 +114,26 @@ impl fmt::Display for Figure {
 
 /// Collects figures, printing each as it comes.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     figures: Vec<Figure>,
 }
 
 impl Report {
     /// Prints the figure and keeps it.
-    pub fn push(&mut self, figure: Figure) {
+    pub(crate) fn push(&mut self, figure: Figure) {
         println!("{figure}");
         self.figures.push(figure);
     }
 
-    /// The figures so far.
-    pub fn figures(&self) -> &[Figure] {
-        &self.figures
-    }
-
     /// Writes the figures as a JSON array.
-    pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+    pub(crate) fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&self.figures)?)?;
         Ok(())
     }
 }
 
 /// Percentile `p` (0..=100) of sorted samples, nearest-rank.
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -147,13 +142,13 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// The median of samples (sorts them).
-pub fn median(samples: &mut [Duration]) -> Duration {
+pub(crate) fn median(samples: &mut [Duration]) -> Duration {
     samples.sort_unstable();
     percentile(samples, 50.0)
 }
 
 /// Microseconds as `f64`.
-pub fn micros(d: Duration) -> f64 {
+pub(crate) fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 

@@ -95,7 +95,7 @@ fn pid(name: &str) -> anyhow::Result<ProcId> {
 }
 
 /// Runs the suite.
-pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
+pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
     let (rtt_n, one_way_n, warmup) = if opts.quick {
         (2_000, 20_000, 200)
     } else {
@@ -428,7 +428,7 @@ async fn quic_one_way(
 
 /// The peer process (`regent bench-peer --dir DIR`): serves until its
 /// standard input closes.
-pub async fn serve_peer(dir: &Path) -> anyhow::Result<()> {
+pub(crate) async fn serve_peer(dir: &Path) -> anyhow::Result<()> {
     let server = pid(SERVER)?;
     let creds = ProcCredentials::load(dir, server.clone())?;
     let endpoint = Endpoint::bind(creds, "127.0.0.1:0".parse()?, EndpointConfig::default())?;

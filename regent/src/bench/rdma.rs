@@ -83,7 +83,7 @@ impl Samples {
 }
 
 /// Runs the suite.
-pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
+pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
     let sizes: &[usize] = if opts.quick {
         &[MIB, 64 * MIB]
     } else {
@@ -236,7 +236,7 @@ async fn raw_transfer(raw: &mut TcpStream, write: bool, local: &mut [u8]) -> any
 /// The peer: owns the buffers the reader moves, and serves the raw TCP
 /// baseline. Prints `READY <raw tcp addr>`, then answers `alloc <bytes>`
 /// with `HANDLE <hex>` and `release <id>` with `RELEASED <id>`.
-pub async fn serve_peer(dir: &Path) -> anyhow::Result<()> {
+pub(crate) async fn serve_peer(dir: &Path) -> anyhow::Result<()> {
     let creds = ProcCredentials::load(dir, ProcId::new(OWNER)?)?;
     let manager = BufferManager::start(ManagerConfig::default(), creds).await?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;

@@ -86,7 +86,7 @@ async fn spawn_mesh(
 }
 
 /// Runs the suite.
-pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
+pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
     let kills = if opts.quick { 12 } else { 60 };
     let (rt, alloc) = cluster(RuntimeConfig::default()).await?;
 

@@ -175,7 +175,7 @@ async fn supervised(
 }
 
 /// Runs the suite.
-pub async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
+pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
     let (rounds_one, rounds_all) = if opts.quick { (100, 5) } else { (2000, 60) };
     let mut h = Harness::new();
 
