@@ -456,9 +456,10 @@ async fn sample_generations(mesh: ActorMesh<Tally>, obs: Arc<Mutex<Observed>>) {
     }
 }
 
-fn acked_of<T>(r: &Result<T, MeshError>) -> Acked {
+fn acked_of(r: &Result<regent_mesh::Delivered, MeshError>) -> Acked {
     match r {
-        Ok(_) => Acked::All,
+        Ok(d) if d.is_complete() => Acked::All,
+        Ok(d) => Acked::AllBut(d.failed().iter().map(|(r, _)| r.0).collect()),
         Err(MeshError::Members(m)) => Acked::AllBut(m.failed.iter().map(|(r, _)| r.0).collect()),
         Err(_) => Acked::None,
     }

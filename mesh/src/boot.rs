@@ -205,6 +205,18 @@ impl fmt::Debug for ProcStart {
 }
 
 impl ProcStart {
+    /// Starts this proc's payload plane with its credentials.
+    pub async fn buffer_manager(&self) -> Result<regent_rdma::BufferManager, regent_rdma::Error> {
+        let credentials = ProcCredentials::from_pem(
+            self.boot.proc.clone(),
+            &self.boot.cert_pem,
+            &self.boot.key_pem,
+            &self.boot.ca_pem,
+        )
+        .map_err(|e| regent_rdma::Error::Config(e.to_string()))?;
+        regent_rdma::BufferManager::start(regent_rdma::ManagerConfig::default(), credentials).await
+    }
+
     /// Tells the host agent that this proc is ready: sends [`Ready`] with
     /// the endpoint's address and this process's pid to the parent's host
     /// port. Call it once the proc runtime serves. `Ok` means accepted by
@@ -226,17 +238,18 @@ impl ProcStart {
     }
 }
 
-/// Starts this process as a proc with the default endpoint configuration;
-/// see [`start_proc_with`].
+/// Starts this process as a proc with the endpoint settings its boot
+/// carries (its owner's); see [`start_proc_with`].
 pub async fn start_proc() -> Result<ProcStart, BootError> {
-    start_proc_with(EndpointConfig::default()).await
+    start_proc_with(None).await
 }
 
 /// Starts this process as a proc: parent-death signal, boot from stdin,
-/// credentials, endpoint bound on `boot.bind` with `config`, routes to the
-/// parent and owner. The caller then opens its ports and calls
-/// [`ProcStart::report_ready`]. Must be called within a tokio runtime.
-pub async fn start_proc_with(config: EndpointConfig) -> Result<ProcStart, BootError> {
+/// credentials, endpoint bound on `boot.bind` with `config` (or the boot's
+/// settings), routes to the parent and owner. The caller then opens its
+/// ports and calls [`ProcStart::report_ready`]. Must be called within a
+/// tokio runtime.
+pub async fn start_proc_with(config: Option<EndpointConfig>) -> Result<ProcStart, BootError> {
     let role = try_role()?;
     if role != Role::Proc {
         return Err(BootError::NotAProc(role));
@@ -259,6 +272,7 @@ pub async fn start_proc_with(config: EndpointConfig) -> Result<ProcStart, BootEr
         &boot.key_pem,
         &boot.ca_pem,
     )?;
+    let config = config.unwrap_or_else(|| boot.endpoint.clone());
     let endpoint = Endpoint::bind(credentials, boot.bind, config)?;
     endpoint.add_route(boot.parent.clone());
     if boot.owner.proc != boot.parent.proc {
@@ -295,6 +309,8 @@ mod tests {
             parent: "quic://127.0.0.1:1/host".parse::<ProcAddr>().unwrap(),
             owner: "quic://127.0.0.1:2/ctl".parse::<ProcAddr>().unwrap(),
             owner_lease: Duration::from_secs(3),
+            endpoint: regent_net::EndpointConfig::default(),
+            placement: crate::alloc::Placement::default(),
         }
     }
 

@@ -1,13 +1,16 @@
 //! `bootstrap()`: one binary, three roles.
 //!
-//! Call [`bootstrap`] first thing in `main`. In the controller it returns at
-//! once. A host agent starts the same binary as a proc (`REGENT_ROLE=proc`,
-//! boot on stdin) or as a host agent (`REGENT_ROLE=host`); then `bootstrap`
-//! runs that role and exits the process, never returning — so the user's
-//! mesh actor types, registered in this binary, exist in every proc.
+//! Call [`bootstrap`] first thing in `main` (also under `#[tokio::main]`).
+//! In the controller it returns at once. A host agent starts the same binary
+//! as a proc (`REGENT_ROLE=proc`, boot on stdin) or as a host agent
+//! (`REGENT_ROLE=host`); then `bootstrap` runs that role and exits the
+//! process, never returning — so the user's mesh actor types, registered in
+//! this binary, exist in every proc.
+
+use std::sync::Arc;
 
 use crate::boot::{self, Role};
-use crate::proc::{self, ProcExit};
+use crate::proc::{self, ProcExit, ProcSetup};
 
 /// The exit code of a proc stopped by its owner.
 pub const EXIT_REQUESTED: i32 = 0;
@@ -15,11 +18,17 @@ pub const EXIT_REQUESTED: i32 = 0;
 pub const EXIT_LEASE_LAPSED: i32 = 3;
 /// The exit code of a proc whose endpoint closed.
 pub const EXIT_ENDPOINT_CLOSED: i32 = 4;
+/// The exit code of a proc with a member that could not be stopped (it ran
+/// code that never yields): its owner replaces the proc.
+pub const EXIT_MEMBER_STUCK: i32 = 5;
 /// The exit code of a proc or host that could not start.
 pub const EXIT_BOOT_FAILED: i32 = 70;
 
 /// Runs this process's role: returns in the controller; runs the proc
 /// runtime or host agent and exits the process otherwise.
+///
+/// Works inside an async runtime too (`#[tokio::main]`): a proc or host
+/// agent then runs on a thread of its own with its own runtime.
 pub fn bootstrap() {
     let role = match boot::try_role() {
         Ok(r) => r,
@@ -31,14 +40,32 @@ pub fn bootstrap() {
     if role == Role::Controller {
         return;
     }
+    let code = if tokio::runtime::Handle::try_current().is_ok() {
+        // A runtime cannot start inside another: run the role beside it.
+        match std::thread::Builder::new()
+            .name(format!("regent-{role}"))
+            .spawn(move || run_role(role))
+            .map(std::thread::JoinHandle::join)
+        {
+            Ok(Ok(code)) => code,
+            _ => EXIT_BOOT_FAILED,
+        }
+    } else {
+        run_role(role)
+    };
+    std::process::exit(code);
+}
+
+fn run_role(role: Role) -> i32 {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_name("regent-control")
         .build()
     {
         Ok(r) => r,
         Err(e) => {
             eprintln!("regent: cannot start the async runtime: {e}");
-            std::process::exit(EXIT_BOOT_FAILED);
+            return EXIT_BOOT_FAILED;
         }
     };
     let code = runtime.block_on(async {
@@ -51,13 +78,13 @@ pub fn bootstrap() {
                     EXIT_BOOT_FAILED
                 }
             },
-            Role::Controller => unreachable!("returned above"),
+            Role::Controller => 0,
         }
     });
     // Members and tasks still running are abandoned on purpose: the proc is
     // done.
     runtime.shutdown_background();
-    std::process::exit(code);
+    code
 }
 
 async fn run_proc() -> i32 {
@@ -68,13 +95,28 @@ async fn run_proc() -> i32 {
             return EXIT_BOOT_FAILED;
         }
     };
-    let lease = start.boot.owner_lease;
+    let buffers = match start.buffer_manager().await {
+        Ok(b) => Some(Arc::new(b)),
+        Err(e) => {
+            eprintln!(
+                "regent proc {}: the payload plane did not start: {e}",
+                start.boot.proc
+            );
+            return EXIT_BOOT_FAILED;
+        }
+    };
+    let setup = ProcSetup {
+        endpoint: start.endpoint.clone(),
+        owner: start.boot.owner.proc.clone(),
+        owner_lease: start.boot.owner_lease,
+        buffers,
+    };
     let ready = async { start.report_ready().await.map_err(|e| e.to_string()) };
-    let owner = start.boot.owner.proc.clone();
-    match proc::serve(start.endpoint.clone(), owner, lease, ready).await {
+    match proc::serve(setup, ready).await {
         Ok(ProcExit::Requested) => EXIT_REQUESTED,
         Ok(ProcExit::LeaseLapsed) => EXIT_LEASE_LAPSED,
         Ok(ProcExit::EndpointClosed) => EXIT_ENDPOINT_CLOSED,
+        Ok(ProcExit::MemberStuck { .. }) => EXIT_MEMBER_STUCK,
         Err(e) => {
             eprintln!("regent proc {}: {e}", start.boot.proc);
             EXIT_BOOT_FAILED

@@ -9,14 +9,14 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures::FutureExt;
-use regent_net::{Endpoint, EndpointConfig, ProcCredentials, ProcId};
+use regent_net::{Endpoint, ProcCredentials, ProcId};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::alloc::{
     AllocError, AllocFuture, AllocatedProc, Allocator, ProcBoot, ProcEvent, ProcSignal, ProcStatus,
 };
-use crate::proc::{self, ProcExit};
+use crate::proc::{self, ProcExit, ProcSetup};
 
 /// The bound on queued proc events.
 const EVENTS: usize = 1024;
@@ -28,7 +28,6 @@ struct Running {
 
 /// Procs as tasks of this process (see the module docs).
 pub struct InProcAllocator {
-    config: EndpointConfig,
     procs: Mutex<HashMap<ProcId, Running>>,
     events_tx: mpsc::Sender<ProcEvent>,
     events_rx: Mutex<Option<mpsc::Receiver<ProcEvent>>>,
@@ -36,16 +35,16 @@ pub struct InProcAllocator {
 
 impl Default for InProcAllocator {
     fn default() -> Self {
-        Self::new(EndpointConfig::default())
+        Self::new()
     }
 }
 
 impl InProcAllocator {
-    /// An allocator whose procs' endpoints use `config`.
-    pub fn new(config: EndpointConfig) -> Self {
+    /// An allocator of in-process procs; their endpoints take the settings
+    /// of their boot (the controller's).
+    pub fn new() -> Self {
         let (events_tx, events_rx) = mpsc::channel(EVENTS);
         Self {
-            config,
             procs: Mutex::new(HashMap::new()),
             events_tx,
             events_rx: Mutex::new(Some(events_rx)),
@@ -59,7 +58,7 @@ impl InProcAllocator {
             &boot.key_pem,
             &boot.ca_pem,
         )?;
-        let endpoint = Endpoint::bind(credentials, boot.bind, self.config.clone())?;
+        let endpoint = Endpoint::bind(credentials, boot.bind, boot.endpoint.clone())?;
         endpoint.add_route(boot.owner.clone());
         let addr = endpoint.addr();
         let proc = boot.proc.clone();
@@ -67,8 +66,32 @@ impl InProcAllocator {
         let serving = endpoint.clone();
         let lease = boot.owner_lease;
         let owner = boot.owner.proc.clone();
+        let creds = ProcCredentials::from_pem(
+            boot.proc.clone(),
+            &boot.cert_pem,
+            &boot.key_pem,
+            &boot.ca_pem,
+        )?;
         let task = tokio::spawn(async move {
-            let status = match proc::serve(serving, owner, lease, async { Ok(()) }).await {
+            let buffers = match regent_rdma::BufferManager::start(
+                regent_rdma::ManagerConfig::default(),
+                creds,
+            )
+            .await
+            {
+                Ok(b) => Some(std::sync::Arc::new(b)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "an in-process proc runs without a payload plane");
+                    None
+                }
+            };
+            let setup = ProcSetup {
+                endpoint: serving,
+                owner,
+                owner_lease: lease,
+                buffers,
+            };
+            let status = match proc::serve(setup, async { Ok(()) }).await {
                 Ok(ProcExit::Requested) => ProcStatus::Code(0),
                 Ok(_) => ProcStatus::Code(1),
                 Err(e) => {

@@ -1,37 +1,48 @@
 //! Meshes: one controller drives meshes of procs and actors over many
 //! machines as if they were one.
 //!
-//! - [`shape`], [`selection`]: the pure geometry of meshes — named
-//!   dimensions, strided views, and the selection algebra with its text
-//!   syntax (`hosts=0..2,gpus=*`).
-//! - [`boot`], [`host`], [`alloc`]: one binary, three roles
-//!   ([`bootstrap`]); host agents that start procs and report their exits at
-//!   once; the local, host and Slurm allocators.
-//! - [`runtime`]: the controller — [`Runtime`], [`ProcMesh`],
-//!   [`ActorMesh`] with casts, calls and reductions through cast trees of
-//!   bounded fan-out ([`tree`], `node`), and the supervisor of each mesh.
-//! - [`proc`]: the proc runtime: members under an OTP supervisor, tree
-//!   forwarding, generations.
-//! - [`policy`]: mesh-granular supervision decisions as a pure machine.
-//! - [`actor`], [`registry`]: [`MeshActor`], registered by name, and
-//!   reducers.
-//! - [`inproc`], [`sim`]: procs as tasks of one process (real QUIC), and a
-//!   socket-free simulation of meshes of 100,000 members.
+//! The modules read top-down (no import cycle between siblings):
+//! - leaves: [`shape`], [`selection`], [`tree`] (the pure geometry of meshes
+//!   and cast trees); [`protocol`] (the wire messages and their checks);
+//!   [`error`]; [`policy`] (mesh supervision decisions as a pure machine).
+//! - `fabric`-level: how frames move (the `Fabric` trait, the
+//!   control-plane fabric, pending calls, lost procs), and `cast` (casts
+//!   and calls rooted anywhere, one cast-tree node, and their outcomes
+//!   [`Delivered`], [`ValueMesh`], [`Reduced`]).
+//! - [`member`]: what a member knows and reaches ([`Member`]: its mesh, its
+//!   restart context, its peers, data channels, the payload plane);
+//!   [`actor`]: the [`MeshActor`] trait users implement; `life`: one
+//!   member's life on its own thread; [`registry`]: actor types and reducers
+//!   by name.
+//! - [`actor_mesh`]: [`ActorMesh`], the reference to a mesh that casts,
+//!   calls and reduces, on the controller's side and on members'.
+//! - [`proc`]: the proc runtime; [`runtime`]: the controller ([`Runtime`],
+//!   [`ProcMesh`], the supervisor of each mesh).
+//! - [`boot`], [`host`], [`alloc`]: one binary, three roles ([`bootstrap`]);
+//!   host agents; the local, host and Slurm allocators. [`inproc`],
+//!   [`sim`]: procs as tasks of one process (real QUIC), and a socket-free
+//!   simulation of meshes of 100,000 members.
 //!
 //! The contract is in `docs/semantics.md` §3–§5.
 #![forbid(unsafe_code)]
 
 pub mod actor;
+pub mod actor_mesh;
 pub mod alloc;
 pub mod boot;
 mod bootstrap;
-pub mod child;
+mod cast;
+pub mod error;
+mod fabric;
 pub mod host;
 pub mod inproc;
-mod node;
+mod life;
+mod mailbox;
+pub mod member;
 pub mod policy;
 pub mod proc;
 pub mod protocol;
+pub mod reducer;
 pub mod registry;
 pub mod runtime;
 pub mod selection;
@@ -42,15 +53,18 @@ pub mod tree;
 #[doc(hidden)]
 pub use inventory;
 
-pub use actor::{ActorError, Member, MemberError, MeshActor};
+pub use actor::{ActorError, MeshActor};
+pub use actor_mesh::{ActorMesh, MeshRef, Retry};
 pub use bootstrap::{
-    EXIT_BOOT_FAILED, EXIT_ENDPOINT_CLOSED, EXIT_LEASE_LAPSED, EXIT_REQUESTED, bootstrap,
+    EXIT_BOOT_FAILED, EXIT_ENDPOINT_CLOSED, EXIT_LEASE_LAPSED, EXIT_MEMBER_STUCK, EXIT_REQUESTED,
+    bootstrap,
 };
-pub use policy::{Decision, FailureCause, MeshFailure, MeshPolicy};
-pub use registry::{Max, Min, Reducer, Sum};
-pub use runtime::{
-    ActorMesh, FailureHook, MembersFailed, MeshError, MeshStatus, ProcMesh, Reduced, Runtime,
-    RuntimeConfig, SpawnOptions, ValueMesh,
-};
+pub use cast::{Delivered, Reduced, ValueMesh};
+pub use error::{MemberError, MembersFailed, MeshError};
+pub use member::{ChannelError, Member, PeerChannel, PeerState, PeersRestarted, StartContext};
+pub use policy::{Decision, FailureCause, MeshFailure, MeshPolicy, MeshStatus};
+pub use protocol::StartKind;
+pub use reducer::{Max, Min, Reducer, Sum};
+pub use runtime::{FailureHook, ProcMesh, Runtime, RuntimeConfig, SpawnOptions, SuperviseHook};
 pub use selection::{ParseError, Selected, Selection, SelectionError};
 pub use shape::{DimName, DimRange, Point, Rank, Shape, ShapeError, Slice};

@@ -18,8 +18,25 @@ use regent_net::{Generation, ProcId};
 use regent_supervisor::{Backoff, Intensity, RestartWindow};
 use serde::{Deserialize, Serialize};
 
-use crate::alloc::ProcStatus;
 use crate::shape::Rank;
+
+/// How a proc process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProcStatus {
+    /// It exited with this code.
+    Code(i32),
+    /// It was terminated by this signal.
+    Signal(i32),
+}
+
+impl fmt::Display for ProcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Code(c) => write!(f, "exit code {c}"),
+            Self::Signal(s) => write!(f, "signal {s}"),
+        }
+    }
+}
 
 /// What to do when members of a mesh fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -179,6 +196,9 @@ pub enum FailureCause {
     },
     /// A mesh this mesh's member owns escalated.
     Escalated(Box<MeshFailure>),
+    /// The mesh's supervisor itself failed (it panicked, or its queue
+    /// overflowed): the mesh is stopped.
+    Supervisor(String),
 }
 
 impl FailureCause {
@@ -207,6 +227,7 @@ impl fmt::Display for FailureCause {
             Self::HostLost { host, proc } => write!(f, "host {host} of proc {proc} lost"),
             Self::LinkFailed { proc, detail } => write!(f, "link to proc {proc} failed: {detail}"),
             Self::Escalated(inner) => write!(f, "owned mesh {} escalated", inner.mesh),
+            Self::Supervisor(why) => write!(f, "the mesh's supervisor failed: {why}"),
         }
     }
 }
@@ -241,27 +262,58 @@ impl fmt::Display for MeshFailure {
     }
 }
 
+/// Where a mesh's supervision stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MeshStatus {
+    /// All members run (as far as the owner knows).
+    Running,
+    /// A restart is in progress.
+    Restarting,
+    /// Stopped: on request (`None`) or by the policy.
+    Stopped(Option<MeshFailure>),
+    /// Stopped and escalated to the owner's owner.
+    Escalated(MeshFailure),
+}
+
+impl MeshStatus {
+    /// Whether the mesh has stopped for good.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Self::Stopped(_) | Self::Escalated(_))
+    }
+}
+
 /// What the owner of a mesh must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MeshAction {
-    /// Respawn these ranks as `generation`, after `delay`; tell every other
-    /// member's proc about the new generation.
+    /// Respawn these ranks as `generation`, after `delay`, on fresh procs for
+    /// the proc ranks in `replace`; tell every other member's proc about the
+    /// new generation and what changed.
     RestartMembers {
         /// The ranks.
         ranks: Vec<Rank>,
-        /// Whether their procs are gone (respawn on fresh procs).
-        fresh_procs: bool,
+        /// Proc ranks whose procs are gone: replace them with fresh ones.
+        replace: Vec<u32>,
         /// The new generation.
         generation: Generation,
         /// Backoff delay.
         delay: Duration,
+        /// For each restarted rank, a surviving rank that can serve its
+        /// state (round robin over the survivors, in rank order).
+        sources: Vec<(Rank, Rank)>,
+        /// Why.
+        cause: FailureCause,
     },
-    /// Stop every member, then respawn all as `generation` after `delay`.
+    /// Stop every member, then respawn all as `generation` after `delay`,
+    /// on fresh procs for the proc ranks in `replace`.
     RestartMesh {
+        /// Proc ranks whose procs are gone.
+        replace: Vec<u32>,
         /// The new generation.
         generation: Generation,
         /// Backoff delay.
         delay: Duration,
+        /// Why.
+        cause: FailureCause,
     },
     /// Stop every member; the mesh is done.
     Stop {
@@ -285,12 +337,18 @@ pub enum MeshEvent {
     Failed {
         /// The failure.
         failure: MeshFailure,
+        /// The proc ranks whose procs are gone, when the failure is their
+        /// loss (its ranks are all of those procs' members). A second report
+        /// of the same loss (its exit, then its link) is ignored.
+        lost: Vec<u32>,
         /// The owner's override.
         decision: Option<Decision>,
     },
-    /// The restart of the last [`MeshAction`] completed (or could not: the
-    /// owner then reports a [`FailureCause::StartFailed`] failure of the new
-    /// generation, which counts toward the intensity like any other).
+    /// The restart of the last [`MeshAction`] completed (its lost procs are
+    /// replaced), or could not: the owner then reports a
+    /// [`FailureCause::StartFailed`] failure of the new generation, which
+    /// counts toward the intensity like any other, and the procs not
+    /// replaced stay lost.
     Restarted(Result<(), String>),
 }
 
@@ -305,32 +363,40 @@ enum Phase {
 /// The supervision state of one mesh.
 #[derive(Debug, Clone)]
 pub struct MeshMachine {
-    name: String,
     policy: MeshPolicy,
     window: RestartWindow,
     generation: Generation,
+    per_proc: u32,
     /// The generation each rank's current member was spawned in.
     ranks: Vec<Generation>,
+    /// Proc ranks whose procs are gone and not yet replaced.
+    lost: std::collections::BTreeSet<u32>,
     /// Consecutive restarts, for backoff.
     streak: u32,
     last_restart: Option<Instant>,
     phase: Phase,
     deferred: Vec<MeshEvent>,
+    /// Restart reports without a restart (a bug of the owner), counted.
+    unexpected: u64,
 }
 
 impl MeshMachine {
-    /// A running mesh of `members` members in generation 0.
-    pub fn new(name: impl Into<String>, policy: MeshPolicy, members: usize) -> Self {
+    /// A running mesh of `procs` procs with `per_proc` members each, in
+    /// generation 0.
+    pub fn new(policy: MeshPolicy, procs: u32, per_proc: u32) -> Self {
+        let members = procs as usize * per_proc as usize;
         Self {
-            name: name.into(),
             policy,
             window: RestartWindow::new(policy.intensity),
             generation: Generation(0),
+            per_proc,
             ranks: vec![Generation(0); members],
+            lost: std::collections::BTreeSet::new(),
             streak: 0,
             last_restart: None,
             phase: Phase::Running,
             deferred: Vec::new(),
+            unexpected: 0,
         }
     }
 
@@ -349,6 +415,21 @@ impl MeshMachine {
         self.phase == Phase::Done
     }
 
+    /// Whether a restart is in progress.
+    pub fn is_restarting(&self) -> bool {
+        self.phase == Phase::Restarting
+    }
+
+    /// The proc ranks known lost and not yet replaced.
+    pub fn lost_procs(&self) -> Vec<u32> {
+        self.lost.iter().copied().collect()
+    }
+
+    /// Restart reports that came without a restart.
+    pub fn unexpected_reports(&self) -> u64 {
+        self.unexpected
+    }
+
     /// The policy.
     pub fn policy(&self) -> &MeshPolicy {
         &self.policy
@@ -361,30 +442,38 @@ impl MeshMachine {
             (Phase::Done, _) => {}
             (Phase::Restarting, MeshEvent::Restarted(result)) => {
                 self.phase = Phase::Running;
-                if let Err(e) = result {
-                    // The owner reports the failed start as a failure of the
-                    // new generation (so its hook sees it); the deferred
-                    // failures come after it.
-                    tracing::warn!(mesh = %self.name, error = %e, "restart failed");
+                if result.is_ok() {
+                    self.lost.clear();
                 }
+                // A failed restart is reported by the owner as a failure of
+                // the new generation (so its hook sees it); the deferred
+                // failures come after it.
                 let deferred = std::mem::take(&mut self.deferred);
                 for e in deferred {
                     match (&self.phase, e) {
-                        (Phase::Running, MeshEvent::Failed { failure, decision }) => {
-                            self.on_failure(now, failure, decision, &mut out)
-                        }
+                        (
+                            Phase::Running,
+                            MeshEvent::Failed {
+                                failure,
+                                lost,
+                                decision,
+                            },
+                        ) => self.on_failure(now, failure, lost, decision, &mut out),
                         (Phase::Restarting, e) => self.deferred.push(e),
                         _ => {}
                     }
                 }
             }
             (Phase::Restarting, e @ MeshEvent::Failed { .. }) => self.deferred.push(e),
-            (Phase::Running, MeshEvent::Failed { failure, decision }) => {
-                self.on_failure(now, failure, decision, &mut out)
-            }
-            (Phase::Running, MeshEvent::Restarted(_)) => {
-                tracing::warn!(mesh = %self.name, "restart report without a restart");
-            }
+            (
+                Phase::Running,
+                MeshEvent::Failed {
+                    failure,
+                    lost,
+                    decision,
+                },
+            ) => self.on_failure(now, failure, lost, decision, &mut out),
+            (Phase::Running, MeshEvent::Restarted(_)) => self.unexpected += 1,
         }
         out
     }
@@ -393,9 +482,16 @@ impl MeshMachine {
         &mut self,
         now: Instant,
         mut failure: MeshFailure,
+        mut lost: Vec<u32>,
         decision: Option<Decision>,
         out: &mut Vec<MeshAction>,
     ) {
+        if !lost.is_empty() {
+            lost.retain(|p| !self.lost.contains(p));
+            if lost.is_empty() {
+                return; // the same loss, reported again
+            }
+        }
         // A rank counts unless it was respawned after the failed life began
         // (a report about a life that a restart already replaced is stale).
         failure.ranks.retain(|r| {
@@ -403,9 +499,14 @@ impl MeshMachine {
                 .get(r.index())
                 .is_some_and(|g| *g <= failure.generation)
         });
+        failure.ranks.sort_unstable();
+        failure.ranks.dedup();
         if failure.ranks.is_empty() {
-            return; // stale: those lives were already replaced
+            return; // stale: those lives (and their proc) were already replaced
         }
+        let procs = self.ranks.len() / (self.per_proc.max(1) as usize);
+        self.lost
+            .extend(lost.into_iter().filter(|&p| (p as usize) < procs));
         let decision = decision.unwrap_or(self.policy.on_failure);
         match decision {
             Decision::Stop => {
@@ -431,21 +532,35 @@ impl MeshMachine {
                 let delay = self.backoff_delay(now);
                 self.generation = Generation(self.generation.0 + 1);
                 self.phase = Phase::Restarting;
+                let replace = self.lost_procs();
                 if decision == Decision::RestartMesh {
                     self.ranks.iter_mut().for_each(|g| *g = self.generation);
                     out.push(MeshAction::RestartMesh {
+                        replace,
                         generation: self.generation,
                         delay,
+                        cause: failure.cause,
                     });
                 } else {
-                    for r in &failure.ranks {
+                    // Every member of a lost proc restarts, reported or not.
+                    let mut ranks = failure.ranks;
+                    for &p in &self.lost {
+                        let first = p * self.per_proc;
+                        ranks.extend((first..first + self.per_proc).map(Rank));
+                    }
+                    ranks.sort_unstable();
+                    ranks.dedup();
+                    for r in &ranks {
                         self.ranks[r.index()] = self.generation;
                     }
+                    let sources = heal_sources(&ranks, self.ranks.len());
                     out.push(MeshAction::RestartMembers {
-                        fresh_procs: failure.cause.proc_lost(),
-                        ranks: failure.ranks,
+                        ranks,
+                        replace,
                         generation: self.generation,
                         delay,
+                        sources,
+                        cause: failure.cause,
                     });
                 }
             }
@@ -465,6 +580,25 @@ impl MeshMachine {
         self.streak = self.streak.saturating_add(1);
         backoff.delay(self.streak)
     }
+}
+
+/// For each restarted rank (sorted), a surviving rank to heal from: the
+/// survivors in rank order, taken round robin (as torchft spreads its
+/// healing). Empty when no rank survives.
+pub fn heal_sources(restarted: &[Rank], members: usize) -> Vec<(Rank, Rank)> {
+    let failed: std::collections::BTreeSet<Rank> = restarted.iter().copied().collect();
+    let live: Vec<Rank> = (0..members as u32)
+        .map(Rank)
+        .filter(|r| !failed.contains(r))
+        .collect();
+    if live.is_empty() {
+        return Vec::new();
+    }
+    restarted
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| (r, live[i % live.len()]))
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,21 +1,58 @@
 //! The messages between a controller and the proc runtimes, and between the
 //! procs of a cast tree. All travel on the control plane (`regent-net`),
-//! which authenticates senders and bounds frame sizes; every field decoded
-//! here is checked before use.
+//! which authenticates senders and bounds frame sizes. Every message a proc
+//! takes is checked here before use ([`ProcCommand::validate`],
+//! [`CastFrame::validate_at`]): counts and ranges are bounded, and the
+//! arithmetic on them is checked.
 
 use std::num::NonZeroU32;
 
 use bytes::Bytes;
-use regent_net::{ActorId, Generation, Message, PortId, ProcAddr};
+use regent_net::{ActorId, ActorName, Generation, Message, PortId, ProcAddr, ProcId};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::actor::MemberError;
+use crate::error::MemberError;
+use crate::policy::{Decision, FailureCause, MeshFailure, PolicyWire};
 use crate::selection::Selection;
 use crate::shape::Shape;
+
+/// The most procs a mesh may have.
+pub const MAX_PROCS: u32 = 1 << 20;
+/// The most members a mesh may have on one proc.
+pub const MAX_PER_PROC: u32 = 1 << 12;
+/// The longest budget a cast may carry (a day).
+pub const MAX_BUDGET_MS: u32 = 24 * 3600 * 1000;
+/// The longest names (mesh names, actor types, reducers) a message may carry.
+pub const MAX_NAME_BYTES: usize = 256;
+/// The longest failure text a message may carry.
+pub const MAX_TEXT_BYTES: usize = 16 << 10;
 
 /// A mesh's identity: unique among the meshes of one controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct MeshId(pub u64);
+
+/// The capability to cast to a mesh: a random number made at spawn, known
+/// to the mesh's owner, its procs, and whoever they hand a reference to. A
+/// cast without it is refused.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CastToken(pub u128);
+
+impl CastToken {
+    /// A fresh token.
+    pub fn random() -> Self {
+        use std::hash::{BuildHasher, RandomState};
+        let a = RandomState::new().hash_one(std::time::Instant::now());
+        let b = RandomState::new().hash_one(a);
+        Self(u128::from(a) << 64 | u128::from(b))
+    }
+}
+
+impl std::fmt::Debug for CastToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CastToken(..)")
+    }
+}
 
 /// Everything a proc needs to know about a mesh it hosts members of.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -40,16 +77,28 @@ pub struct MeshInfo {
     pub owner: PortId,
     /// The current generation.
     pub generation: Generation,
+    /// The capability casts to the mesh carry.
+    pub token: CastToken,
 }
 
 impl MeshInfo {
     /// Checks the invariants a proc relies on.
     pub fn validate(&self) -> Result<(), String> {
-        let procs = u32::try_from(self.procs.len()).map_err(|_| "too many procs".to_owned())?;
-        let expected = u64::from(procs) * u64::from(self.per_proc);
-        if self.per_proc == 0 {
-            return Err("a mesh needs at least one member per proc".into());
+        ActorName::new(&self.name).map_err(|e| format!("mesh name: {e}"))?;
+        if self.actor_type.len() > MAX_NAME_BYTES {
+            return Err(format!("actor type name over {MAX_NAME_BYTES} bytes"));
         }
+        let procs = u32::try_from(self.procs.len())
+            .ok()
+            .filter(|&p| p > 0 && p <= MAX_PROCS)
+            .ok_or_else(|| format!("a mesh has 1..={MAX_PROCS} procs, not {}", self.procs.len()))?;
+        if self.per_proc == 0 || self.per_proc > MAX_PER_PROC {
+            return Err(format!(
+                "a mesh has 1..={MAX_PER_PROC} members per proc, not {}",
+                self.per_proc
+            ));
+        }
+        let expected = u64::from(procs) * u64::from(self.per_proc);
         if self.shape.len() as u64 != expected {
             return Err(format!(
                 "shape {} has {} members, expected {} procs x {} per proc",
@@ -59,13 +108,34 @@ impl MeshInfo {
                 self.per_proc
             ));
         }
+        if self.shape.layout().offset() != 0
+            || self.shape.layout().max_rank() as u64 + 1 != expected
+        {
+            return Err(format!(
+                "shape {} is not row-major over its ranks",
+                self.shape
+            ));
+        }
         Ok(())
     }
 
     /// The number of procs.
     pub fn proc_count(&self) -> u32 {
-        // validate() bounds it to u32.
+        // validate() bounds it to MAX_PROCS.
         self.procs.len() as u32
+    }
+
+    /// The number of members (`procs * per_proc`, bounded by validation).
+    pub fn members(&self) -> u32 {
+        self.proc_count().saturating_mul(self.per_proc)
+    }
+
+    /// The proc rank of `proc`, if it hosts members of this generation.
+    pub fn proc_rank(&self, proc: &ProcId) -> Option<u32> {
+        self.procs
+            .iter()
+            .position(|a| &a.proc == proc)
+            .map(|p| p as u32)
     }
 }
 
@@ -97,6 +167,8 @@ pub struct CastFrame {
     /// The generation the sender addresses; members of another generation do
     /// not receive it.
     pub generation: Generation,
+    /// The mesh's capability.
+    pub token: CastToken,
     /// The actor that cast it.
     pub origin: ActorId,
     /// The view cast to (the whole mesh's shape, or a slice of it).
@@ -110,6 +182,8 @@ pub struct CastFrame {
     /// Members per proc (so that a node that does not host the mesh can
     /// still name the ranks it could not reach).
     pub per_proc: u32,
+    /// Proc ranks the sender knows to be lost: nodes route around them.
+    pub lost: Vec<u32>,
     /// The encoded message.
     pub payload: Bytes,
     /// How results come back; `None` for fire-and-forget.
@@ -118,6 +192,70 @@ pub struct CastFrame {
     pub collect: Collect,
     /// How long this node may take before it reports what it has.
     pub budget_ms: u32,
+}
+
+impl CastFrame {
+    /// Checks what a node that does not host the mesh (or hosts another
+    /// generation of it) relies on to answer for its subtree.
+    pub fn validate(&self) -> Result<(), String> {
+        let (lo, hi) = self.procs;
+        if lo >= hi || hi > MAX_PROCS {
+            return Err(format!("proc range {lo}..{hi} is empty or too large"));
+        }
+        if self.per_proc == 0 || self.per_proc > MAX_PER_PROC {
+            return Err(format!("{} members per proc", self.per_proc));
+        }
+        if self.budget_ms > MAX_BUDGET_MS {
+            return Err(format!("budget of {} ms", self.budget_ms));
+        }
+        if self.lost.len() > MAX_PROCS as usize || self.lost.iter().any(|&p| p >= MAX_PROCS) {
+            return Err("lost procs out of range".into());
+        }
+        if let Collect::Reduce(name) = &self.collect
+            && name.len() > MAX_NAME_BYTES
+        {
+            return Err("reducer name too long".into());
+        }
+        Ok(())
+    }
+
+    /// Checks a frame against the mesh as the receiving proc hosts it: this
+    /// proc is the head of the frame's range (`proc_rank`), the range and
+    /// the view lie within the mesh, the layout matches.
+    pub fn validate_at(&self, info: &MeshInfo, proc_rank: u32) -> Result<(), String> {
+        self.validate()?;
+        let (lo, hi) = self.procs;
+        if lo != proc_rank {
+            return Err(format!(
+                "a frame for the subtree of proc {lo} reached proc {proc_rank}"
+            ));
+        }
+        if hi > info.proc_count() {
+            return Err(format!(
+                "proc range {lo}..{hi} exceeds the mesh's {} procs",
+                info.proc_count()
+            ));
+        }
+        if self.per_proc != info.per_proc {
+            return Err(format!(
+                "{} members per proc, the mesh has {}",
+                self.per_proc, info.per_proc
+            ));
+        }
+        if self.lost.iter().any(|&p| p >= info.proc_count()) {
+            return Err("a lost proc outside the mesh".into());
+        }
+        if self.view.layout().max_rank() >= info.members() as usize {
+            return Err(format!(
+                "view {} is not a view of {}",
+                self.view, info.shape
+            ));
+        }
+        self.selection
+            .bind(&self.view, self.seed)
+            .map_err(|e| format!("selection: {e}"))?;
+        Ok(())
+    }
 }
 
 /// The result of a subtree.
@@ -131,6 +269,53 @@ pub struct Contribution {
     pub failed: Vec<(u32, MemberError)>,
     /// How many members delivered or replied.
     pub ok: u32,
+}
+
+impl Contribution {
+    /// Checks a subtree's result against the ranks the subtree covers.
+    pub fn validate(&self, ranks: std::ops::Range<u32>) -> Result<(), String> {
+        let inside = |r: &u32| ranks.contains(r);
+        if !self.values.iter().all(|(r, _)| inside(r))
+            || !self.failed.iter().all(|(r, _)| inside(r))
+        {
+            return Err(format!("ranks outside the subtree's {ranks:?}"));
+        }
+        let len = ranks.end.saturating_sub(ranks.start);
+        if self.ok > len || self.values.len() > len as usize || self.failed.len() > len as usize {
+            return Err(format!("more answers than the subtree's {len} members"));
+        }
+        Ok(())
+    }
+}
+
+/// Why a member is starting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StartKind {
+    /// The mesh's first start.
+    First,
+    /// A restart of this rank (or of the whole mesh) after `cause`.
+    Restart {
+        /// The failure that led to it.
+        cause: FailureCause,
+        /// The generation of the life it replaces.
+        previous: Generation,
+    },
+}
+
+/// What changed in a mesh at a restart: survivors are told it, restarted
+/// members start with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restart {
+    /// The new generation.
+    pub generation: Generation,
+    /// The ranks that were restarted (every rank for a gang restart).
+    pub ranks: Vec<u32>,
+    /// Why.
+    pub cause: FailureCause,
+    /// For each restarted rank, a live rank of this generation that can
+    /// serve its state (spread round robin over the survivors); empty after
+    /// a gang restart, when none survived.
+    pub sources: Vec<(u32, u32)>,
 }
 
 /// A command from a controller (or a parent node) to a proc's control port.
@@ -148,6 +333,8 @@ pub enum ProcCommand {
         proc_rank: u32,
         /// The encoded arguments of every member.
         args: Bytes,
+        /// Why the members start (a gang restart spawns anew).
+        start: Option<Restart>,
     },
     /// Stop this proc's members of a mesh, in reverse rank order.
     Stop {
@@ -159,7 +346,8 @@ pub enum ProcCommand {
         mesh: MeshId,
     },
     /// Respawn some of this proc's members of a mesh in the mesh's new
-    /// generation (`info.generation`), replacing their current lives.
+    /// generation (`info.generation`), replacing their current lives, and
+    /// enroll the others.
     Respawn {
         /// The caller's number for this request.
         call: u64,
@@ -171,6 +359,8 @@ pub enum ProcCommand {
         ranks: Vec<u32>,
         /// The encoded arguments.
         args: Bytes,
+        /// What changed.
+        restart: Restart,
     },
     /// Enroll this proc's members of a mesh in a new generation (and learn
     /// where its procs now are): casts of older generations are refused from
@@ -182,6 +372,20 @@ pub enum ProcCommand {
         reply_to: PortId,
         /// The mesh, in its new generation.
         info: MeshInfo,
+        /// What changed (survivors are told).
+        restart: Option<Restart>,
+    },
+    /// Members of a mesh this proc hosts (or owns through a member) failed:
+    /// sent to the survivors' procs as soon as the owner decides, before any
+    /// restart, so that their work with the failed ranks (a collective)
+    /// ends now and casts route around the lost procs.
+    Failed {
+        /// The mesh.
+        mesh: MeshId,
+        /// The failure.
+        failure: MeshFailure,
+        /// Procs of the mesh that are gone.
+        lost: Vec<ProcId>,
     },
     /// A cast to deliver here and forward down the tree.
     Cast(CastFrame),
@@ -196,10 +400,89 @@ pub enum ProcCommand {
         /// The owned mesh.
         mesh: MeshId,
     },
+    /// Ask the member that owns a mesh what to do about its failure.
+    Supervise {
+        /// The caller's number for this request.
+        call: u64,
+        /// Where to answer.
+        reply_to: PortId,
+        /// The owner's mesh.
+        owner: MeshId,
+        /// The owner's rank.
+        rank: u32,
+        /// The owned mesh's failure.
+        failure: MeshFailure,
+    },
     /// The owner is alive: renew its lease.
     Renew,
     /// Stop the proc itself (exit code 0).
     Exit,
+}
+
+impl ProcCommand {
+    /// Checks every field a proc relies on (see also
+    /// [`CastFrame::validate_at`] once the mesh is known).
+    pub fn validate(&self) -> Result<(), String> {
+        let ranks_ok = |ranks: &[u32], info: &MeshInfo| {
+            ranks.len() <= info.members() as usize && ranks.iter().all(|&r| r < info.members())
+        };
+        let restart_ok = |r: &Restart, info: &MeshInfo| {
+            ranks_ok(&r.ranks, info)
+                && r.sources.len() <= info.members() as usize
+                && r.sources
+                    .iter()
+                    .all(|&(a, b)| a < info.members() && b < info.members())
+                && r.generation == info.generation
+        };
+        match self {
+            Self::Spawn {
+                info,
+                proc_rank,
+                start,
+                ..
+            } => {
+                info.validate()?;
+                if *proc_rank >= info.proc_count() {
+                    return Err(format!("proc rank {proc_rank} outside the mesh"));
+                }
+                if start.as_ref().is_some_and(|r| !restart_ok(r, info)) {
+                    return Err("restart outside the mesh".into());
+                }
+            }
+            Self::Respawn {
+                info,
+                ranks,
+                restart,
+                ..
+            } => {
+                info.validate()?;
+                if !ranks_ok(ranks, info) || !restart_ok(restart, info) {
+                    return Err("ranks outside the mesh".into());
+                }
+            }
+            Self::Update { info, restart, .. } => {
+                info.validate()?;
+                if restart.as_ref().is_some_and(|r| !restart_ok(r, info)) {
+                    return Err("restart outside the mesh".into());
+                }
+            }
+            Self::ChildInfo { info } => info.validate()?,
+            Self::Failed { failure, lost, .. } => {
+                if failure.ranks.len() > (MAX_PROCS * 4) as usize || lost.len() > MAX_PROCS as usize
+                {
+                    return Err("failure too large".into());
+                }
+            }
+            Self::Supervise { failure, .. } => {
+                if failure.ranks.len() > (MAX_PROCS * 4) as usize {
+                    return Err("failure too large".into());
+                }
+            }
+            Self::Cast(frame) => frame.validate()?,
+            Self::Stop { .. } | Self::ChildGone { .. } | Self::Renew | Self::Exit => {}
+        }
+        Ok(())
+    }
 }
 
 impl Message for ProcCommand {
@@ -226,7 +509,13 @@ pub enum ReplyBody {
     Updated,
     /// A mesh a member asked for was spawned (its info), or why not.
     ChildSpawned(Result<MeshInfo, String>),
-    /// A subtree's result.
+    /// The owning member's decision about a failure of its mesh (`None`:
+    /// the mesh's policy).
+    Decided(Option<Decision>),
+    /// A part of a subtree's result (a gather too large for one frame); the
+    /// rest follows on the same stream.
+    CastPart(Contribution),
+    /// A subtree's (last part of its) result.
     Cast(Contribution),
 }
 
@@ -244,7 +533,7 @@ pub struct MemberExited {
     /// The generation of the member's life.
     pub generation: Generation,
     /// Why.
-    pub cause: crate::policy::FailureCause,
+    pub cause: FailureCause,
 }
 
 impl Message for MemberExited {
@@ -272,7 +561,7 @@ pub struct SpawnChild {
     /// The encoded arguments of every member.
     pub args: Bytes,
     /// Its policy.
-    pub policy: crate::policy::PolicyWire,
+    pub policy: PolicyWire,
 }
 
 impl Message for SpawnChild {
@@ -294,4 +583,25 @@ pub mod names {
     pub const EVENT_PORT: u32 = 2;
     /// The controller's port of [`super::SpawnChild`] requests.
     pub const SPAWN_PORT: u32 = 3;
+}
+
+/// Encodes a value for the wire (postcard, as the control plane).
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Bytes, String> {
+    postcard::to_allocvec(value)
+        .map(Bytes::from)
+        .map_err(|e| e.to_string())
+}
+
+/// Decodes a value from the wire.
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    postcard::from_bytes(bytes).map_err(|e| e.to_string())
+}
+
+/// Decodes and checks a command as a proc receives it (the fuzz targets'
+/// entry point).
+#[doc(hidden)]
+pub fn decode_command(bytes: &[u8]) -> Result<ProcCommand, String> {
+    let cmd: ProcCommand = decode(bytes)?;
+    cmd.validate()?;
+    Ok(cmd)
 }

@@ -521,6 +521,16 @@ impl Slice {
         Slice::new(0, sizes, strides)
     }
 
+    /// The largest rank of the slice (checked at construction to fit `u32`).
+    pub fn max_rank(&self) -> usize {
+        self.sizes
+            .iter()
+            .zip(&self.strides)
+            .map(|(&size, &stride)| (size - 1) * stride)
+            .sum::<usize>()
+            + self.offset
+    }
+
     /// The rank of the all-zero point.
     pub fn offset(&self) -> usize {
         self.offset

@@ -16,11 +16,14 @@ use futures::future::BoxFuture;
 use regent_net::{Generation, PortId, ProcAddr, ProcId};
 use tokio::sync::mpsc;
 
-use crate::actor::{ActorError, Member, MeshActor, encode};
-use crate::node::{self, Fabric, Pending};
-use crate::proc::{ProcRuntime, proc_port};
+use crate::actor::{ActorError, MeshActor};
+use crate::cast::node;
+use crate::fabric::{Fabric, LostProcs, Pending, SendProblem, proc_port};
+use crate::member::Member;
+use crate::proc::ProcRuntime;
 use crate::protocol::{
-    CastFrame, Collect, MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody, names,
+    CastFrame, CastToken, Collect, MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody, encode,
+    names,
 };
 use crate::selection::Selection;
 use crate::shape::Shape;
@@ -52,6 +55,10 @@ impl MeshActor for SimMember {
 /// user's binary registers no actor of the simulation.
 static SIM_MEMBER: crate::registry::ActorType = crate::registry::ActorType::of::<SimMember>();
 
+fn sim_types(name: &str) -> Option<&'static crate::registry::ActorType> {
+    (name == SimMember::NAME).then_some(&SIM_MEMBER)
+}
+
 struct World {
     inboxes: Vec<mpsc::UnboundedSender<ProcCommand>>,
     pending: HashMap<ProcId, Arc<Pending>>,
@@ -62,6 +69,7 @@ struct SimFabric {
     world: Arc<World>,
     me: ProcId,
     sent: AtomicU64,
+    lost: LostProcs,
 }
 
 impl Fabric for SimFabric {
@@ -70,15 +78,19 @@ impl Fabric for SimFabric {
         _: &MeshInfo,
         proc: u32,
         cmd: ProcCommand,
-    ) -> BoxFuture<'_, Result<(), String>> {
+        _: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<(), SendProblem>> {
         self.world.frames.fetch_add(1, Ordering::Relaxed);
         self.sent.fetch_add(1, Ordering::Relaxed);
         let r = self
             .world
             .inboxes
             .get(proc as usize)
-            .ok_or_else(|| format!("no proc {proc}"))
-            .and_then(|tx| tx.send(cmd).map_err(|_| format!("proc {proc} is gone")));
+            .ok_or_else(|| SendProblem::Other(format!("no proc {proc}")))
+            .and_then(|tx| {
+                tx.send(cmd)
+                    .map_err(|_| SendProblem::Other(format!("proc {proc} is gone")))
+            });
         async move { r }.boxed()
     }
 
@@ -97,8 +109,12 @@ impl Fabric for SimFabric {
         &self.me
     }
 
-    fn actor_type(&self, name: &str) -> Option<&'static crate::registry::ActorType> {
-        (name == SimMember::NAME).then_some(&SIM_MEMBER)
+    fn lost(&self) -> &LostProcs {
+        &self.lost
+    }
+
+    fn own_threads(&self) -> bool {
+        false
     }
 }
 
@@ -171,12 +187,15 @@ pub async fn simulate(
             world: world.clone(),
             me: id.clone(),
             sent: AtomicU64::new(0),
+            lost: LostProcs::default(),
         });
         let p = world.pending[&id].clone();
+        let owner = root.clone();
         tasks.push(tokio::spawn(async move {
-            let mut rt = ProcRuntime::start(fabric, p).await.map_err(err)?;
+            let mut rt = ProcRuntime::start(fabric, p, None, None, sim_types);
             while let Some(cmd) = rx.recv().await {
-                if rt.handle(cmd).await.is_some() {
+                // The simulation's commands all come from its root.
+                if rt.handle(cmd, true, &owner).await.is_some() {
                     break;
                 }
             }
@@ -188,6 +207,7 @@ pub async fn simulate(
         world: world.clone(),
         me: root.clone(),
         sent: AtomicU64::new(0),
+        lost: LostProcs::default(),
     };
     let root_pending = world.pending[&root].clone();
     let info = MeshInfo {
@@ -207,6 +227,7 @@ pub async fn simulate(
         fanout,
         owner: fabric.reply_port(),
         generation: Generation(0),
+        token: CastToken::random(),
     };
     info.validate().map_err(err)?;
 
@@ -221,8 +242,13 @@ pub async fn simulate(
             info: info.clone(),
             proc_rank: rank,
             args: args.clone(),
+            start: None,
         };
-        fabric.command(&info, rank, cmd).await.map_err(err)?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        fabric
+            .command(&info, rank, cmd, deadline)
+            .await
+            .map_err(err)?;
         answers.push(answer);
     }
     for a in answers {
@@ -237,6 +263,7 @@ pub async fn simulate(
         Ok(CastFrame {
             mesh: info.id,
             generation: info.generation,
+            token: info.token,
             origin: regent_net::ActorId {
                 proc: root.clone(),
                 name: regent_net::ActorName::new(names::CONTROLLER).map_err(err)?,
@@ -247,8 +274,13 @@ pub async fn simulate(
             seed: 0,
             procs: (0, procs),
             per_proc,
+            lost: Vec::new(),
             payload: encode(&7u64).map_err(err)?,
-            reply: None,
+            // At the root, `reply` says results are wanted.
+            reply: Some(crate::protocol::ReplyTo {
+                port: fabric.reply_port(),
+                call: u64::MAX,
+            }),
             collect,
             budget_ms: 120_000,
         })

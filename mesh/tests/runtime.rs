@@ -98,7 +98,11 @@ fn sel(text: &str) -> Selection {
 async fn cast_call_and_reduce_over_a_mesh() {
     let (rt, _pm, mesh) = setup(4, 4, RuntimeConfig::default()).await;
     assert_eq!(mesh.shape().to_string(), "{procs=4, actors=4}");
-    mesh.cast(&Selection::All, &Op::Add(1)).await.unwrap();
+    mesh.cast(&Selection::All, &Op::Add(1))
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
     let vm = mesh.call(&sel("procs=0..2"), &Op::Total).await.unwrap();
     assert!(vm.failed().is_empty());
     assert_eq!(
@@ -140,7 +144,11 @@ async fn the_controller_sends_at_most_fanout_messages_per_cast() {
     let (rt, _pm, mesh) = setup(20, 2, RuntimeConfig::default().fanout(fanout)).await;
     for _ in 0..5 {
         let before = rt.frames_sent();
-        mesh.cast(&Selection::All, &Op::Add(1)).await.unwrap();
+        mesh.cast(&Selection::All, &Op::Add(1))
+            .await
+            .unwrap()
+            .into_result()
+            .unwrap();
         let sent = rt.frames_sent() - before;
         assert!(sent <= 4, "the controller sent {sent} frames for one cast");
         assert!(sent > 0);
@@ -152,6 +160,8 @@ async fn the_controller_sends_at_most_fanout_messages_per_cast() {
     let before = rt.frames_sent();
     mesh.cast(&sel("procs=19,actors=1"), &Op::Add(100))
         .await
+        .unwrap()
+        .into_result()
         .unwrap();
     assert_eq!(rt.frames_sent() - before, 1);
     assert_eq!(mesh.call_one(Rank(39), &Op::Total).await.unwrap(), 115);
@@ -168,7 +178,11 @@ async fn casts_from_one_sender_arrive_in_order_through_the_tree() {
         for r in s.eval(&mesh.shape(), 0).unwrap() {
             expected[r.index()].push(i);
         }
-        mesh.cast(s, &Op::Add(i)).await.unwrap();
+        mesh.cast(s, &Op::Add(i))
+            .await
+            .unwrap()
+            .into_result()
+            .unwrap();
     }
     let hashes = mesh.call(&Selection::All, &Op::OrderHash).await.unwrap();
     assert_eq!(hashes.len(), 18);
@@ -208,7 +222,11 @@ async fn failures_are_reported_by_rank_and_nothing_hangs() {
     .unwrap();
     let vm = mesh.call(&Selection::All, &Op::Rank).await.unwrap();
     assert_eq!(vm.len(), 6, "{:?}", vm.failed());
-    mesh.cast(&Selection::All, &Op::Add(1)).await.unwrap();
+    mesh.cast(&Selection::All, &Op::Add(1))
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
     // A member slower than the deadline is reported as timed out, in time.
     let t = std::time::Instant::now();
     let vm = mesh

@@ -111,7 +111,11 @@ async fn a_killed_proc_is_replaced_and_only_its_members_restart() {
     let f = fixture(3).await;
     let mesh = f.procs.spawn::<Worker>("w", 2, &()).await.unwrap();
     let mut failures = mesh.failures();
-    mesh.cast(&Selection::All, &Op::Bump).await.unwrap();
+    mesh.cast(&Selection::All, &Op::Bump)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
     let victim = mesh.procs()[1].proc.clone();
     let t = Instant::now();
     f.alloc.signal(&victim, ProcSignal::Kill).await.unwrap();
@@ -157,7 +161,11 @@ async fn restart_mesh_respawns_every_member() {
         .spawn_with::<Worker>("w", 2, &(), options)
         .await
         .unwrap();
-    mesh.cast(&Selection::All, &Op::Bump).await.unwrap();
+    mesh.cast(&Selection::All, &Op::Bump)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
     let vm = mesh
         .call(&sel("procs=1,actors=1"), &Op::Fail)
         .await
@@ -332,7 +340,7 @@ async fn in_flight_calls_fail_fast_when_their_proc_dies() {
 
 /// A lead that spawns and drives a mesh of its own.
 struct Lead {
-    team: Option<regent_mesh::child::ChildMesh<Worker>>,
+    team: Option<regent_mesh::ActorMesh<Worker>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -462,7 +470,7 @@ async fn a_mesh_spawned_by_a_member_escalates_into_it_and_dies_with_it() {
         .unwrap();
     assert_eq!(poked[0].1, 2);
     assert_eq!(f.rt.live_meshes(), vec!["leads", "team-1"]);
-    leads.stop().await;
+    leads.stop().await.unwrap();
     assert!(f.rt.live_meshes().is_empty());
 }
 

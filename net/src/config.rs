@@ -7,8 +7,11 @@ use std::time::Duration;
 use crate::error::Error;
 
 /// Everything tunable about an endpoint, with documented defaults. Fields are
-/// public; the same-named methods set them builder-style.
-#[derive(Debug, Clone)]
+/// public; the same-named methods set them builder-style. A controller hands
+/// its settings to its procs in their boot (serialized; missing fields take
+/// their defaults).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct EndpointConfig {
     /// The largest frame body accepted or sent, in bytes. Default 1 MiB;
     /// at most 4 GiB − 1 (the prefix is a `u32`).

@@ -82,10 +82,12 @@ async fn run() -> anyhow::Result<()> {
     );
 
     // One cast reaches all eight members through the cast tree.
-    mesh.cast(&Selection::All, &Msg::Train(5)).await?;
+    mesh.cast(&Selection::All, &Msg::Train(5))
+        .await?
+        .into_result()?;
     // Train the second host's members a little more.
     let second: Selection = "hosts=1".parse()?;
-    mesh.cast(&second, &Msg::Train(20)).await?;
+    mesh.cast(&second, &Msg::Train(20)).await?.into_result()?;
 
     let losses = mesh.call(&Selection::All, &Msg::Loss).await?;
     for (rank, loss) in losses.values() {

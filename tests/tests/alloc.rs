@@ -164,6 +164,8 @@ impl Controller {
                     parent: self.endpoint.addr(),
                     owner: self.endpoint.addr(),
                     owner_lease: Duration::from_secs(10),
+                    endpoint: Default::default(),
+                    placement: Default::default(),
                 }
             })
             .collect()

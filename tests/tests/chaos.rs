@@ -432,7 +432,7 @@ async fn a_partitioned_proc_is_replaced_and_fenced_after_healing() {
         assert_ne!(life.pid, zombie);
     }
 
-    mesh.stop().await;
+    mesh.stop().await.unwrap();
     drop(procs);
     let survivors = cluster.shutdown(DEADLINE).await;
     assert!(

@@ -114,7 +114,11 @@ async fn running_at(mesh: &ActorMesh<Worker>, generation: u64) {
 async fn a_mesh_of_real_procs_casts_calls_and_reduces() {
     let c = Cluster::start(2).await;
     let mesh = c.spawn("w", 4, SpawnOptions::new()).await;
-    mesh.cast(&Selection::All, &Op::Bump).await.unwrap();
+    mesh.cast(&Selection::All, &Op::Bump)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
     let who = whoami(&mesh).await;
     assert_eq!(who.len(), 8);
     let pids: std::collections::BTreeSet<u32> = who.iter().map(|(_, _, p)| *p).collect();

@@ -220,11 +220,15 @@ impl LocalAllocator {
                 boot.bind = SocketAddr::new(self.config.bind_ip, 0);
                 let proc = boot.proc.clone();
                 let ready = self.tracker.register(&proc, LOCAL_HOST)?;
+                let mut args = self.config.args.clone();
+                args.extend(boot.placement.args.iter().cloned());
+                let mut env = self.config.env.clone();
+                env.extend(boot.placement.env.iter().cloned());
                 let spec = SpawnSpec {
                     boot,
                     program: self.config.program.clone(),
-                    args: self.config.args.clone(),
-                    env: self.config.env.clone(),
+                    args,
+                    env,
                 };
                 match self.agent.spawn(&self.owner, None, spec).await {
                     Ok(pid) => {

@@ -51,6 +51,38 @@ pub struct ProcBoot {
     /// How long the proc keeps running without hearing from its owner
     /// before it stops itself.
     pub owner_lease: Duration,
+    /// The control plane's settings (the owner's: both sides agree on frame
+    /// sizes and timeouts).
+    #[serde(default)]
+    pub endpoint: regent_net::EndpointConfig,
+    /// What this proc rank gets beyond what every proc gets.
+    #[serde(default)]
+    pub placement: Placement,
+}
+
+/// Where a proc rank runs beyond what all procs share: its own environment
+/// and arguments (e.g. the device it owns). A replacement proc of the rank
+/// gets the same.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Environment variables, set after the allocator's own.
+    pub env: Vec<(String, String)>,
+    /// Arguments, after the allocator's own.
+    pub args: Vec<String>,
+}
+
+impl Placement {
+    /// Adds an environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Adds an argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
 }
 
 impl fmt::Debug for ProcBoot {
@@ -61,6 +93,7 @@ impl fmt::Debug for ProcBoot {
             .field("parent", &self.parent)
             .field("owner", &self.owner)
             .field("owner_lease", &self.owner_lease)
+            .field("placement", &self.placement)
             .finish_non_exhaustive()
     }
 }
@@ -78,23 +111,7 @@ pub struct AllocatedProc {
     pub pid: u32,
 }
 
-/// How a proc process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ProcStatus {
-    /// It exited with this code.
-    Code(i32),
-    /// It was terminated by this signal.
-    Signal(i32),
-}
-
-impl fmt::Display for ProcStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Code(c) => write!(f, "exit code {c}"),
-            Self::Signal(s) => write!(f, "signal {s}"),
-        }
-    }
-}
+pub use crate::policy::ProcStatus;
 
 /// What an allocator reports about its procs after starting them.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,48 +7,69 @@ use proptest::prelude::*;
 
 use super::*;
 
+fn boom() -> FailureCause {
+    FailureCause::Actor {
+        message: "boom".into(),
+        panicked: false,
+    }
+}
+
 fn fail(ranks: &[u32], generation: u64) -> MeshEvent {
     MeshEvent::Failed {
         failure: MeshFailure {
             mesh: "m".into(),
             ranks: ranks.iter().copied().map(Rank).collect(),
-            cause: FailureCause::Actor {
-                message: "boom".into(),
-                panicked: false,
-            },
+            cause: boom(),
             generation: Generation(generation),
         },
+        lost: Vec::new(),
         decision: None,
     }
 }
 
-fn proc_exit(ranks: &[u32], generation: u64) -> MeshEvent {
+fn exited() -> FailureCause {
+    FailureCause::ProcExited {
+        proc: ProcId::new("p0-1").unwrap(),
+        status: ProcStatus::Signal(9),
+    }
+}
+
+/// The loss of proc `proc` (with `per_proc` members each).
+fn proc_exit(proc: u32, per_proc: u32, generation: u64) -> MeshEvent {
+    let first = proc * per_proc;
     MeshEvent::Failed {
         failure: MeshFailure {
             mesh: "m".into(),
-            ranks: ranks.iter().copied().map(Rank).collect(),
-            cause: FailureCause::ProcExited {
-                proc: ProcId::new("p0-1").unwrap(),
-                status: ProcStatus::Signal(9),
-            },
+            ranks: (first..first + per_proc).map(Rank).collect(),
+            cause: exited(),
             generation: Generation(generation),
         },
+        lost: vec![proc],
         decision: None,
     }
+}
+
+/// A machine of `members` members, one per proc.
+fn machine(policy: MeshPolicy, members: u32) -> MeshMachine {
+    MeshMachine::new(policy, members, 1)
 }
 
 #[test]
 fn restart_member_respawns_only_the_failed_ranks_in_a_new_generation() {
     let t = Instant::now();
-    let mut m = MeshMachine::new("m", MeshPolicy::default(), 8);
-    let a = m.handle(t, proc_exit(&[2, 3], 0));
+    // 4 procs of 2 members; proc 1 (ranks 2, 3) is lost.
+    let mut m = MeshMachine::new(MeshPolicy::default(), 4, 2);
+    let a = m.handle(t, proc_exit(1, 2, 0));
     assert_eq!(
         a,
         vec![MeshAction::RestartMembers {
             ranks: vec![Rank(2), Rank(3)],
-            fresh_procs: true,
+            replace: vec![1],
             generation: Generation(1),
             delay: Duration::ZERO,
+            // Survivors 0, 1, 4, 5, 6, 7, round robin.
+            sources: vec![(Rank(2), Rank(0)), (Rank(3), Rank(1))],
+            cause: exited(),
         }]
     );
     assert_eq!(m.rank_generation(Rank(2)), Some(Generation(1)));
@@ -57,14 +78,67 @@ fn restart_member_respawns_only_the_failed_ranks_in_a_new_generation() {
     assert!(m.handle(t, fail(&[5], 0)).is_empty());
     let a = m.handle(t, MeshEvent::Restarted(Ok(())));
     assert!(
-        matches!(&a[..], [MeshAction::RestartMembers { ranks, generation: Generation(2), fresh_procs: false, .. }] if ranks == &[Rank(5)])
+        matches!(&a[..], [MeshAction::RestartMembers { ranks, generation: Generation(2), replace, .. }] if ranks == &[Rank(5)] && replace.is_empty())
+    );
+}
+
+#[test]
+fn a_lost_proc_reported_twice_restarts_once_and_is_replaced_once() {
+    let t = Instant::now();
+    let mut m = MeshMachine::new(MeshPolicy::default(), 3, 2);
+    // Its exit from the host agent, then its link from the control plane.
+    assert_eq!(m.handle(t, proc_exit(2, 2, 0)).len(), 1);
+    assert_eq!(m.lost_procs(), vec![2]);
+    assert!(
+        m.handle(t, proc_exit(2, 2, 0)).is_empty(),
+        "the second report of one loss"
+    );
+    m.handle(t, MeshEvent::Restarted(Ok(())));
+    assert!(m.lost_procs().is_empty(), "replaced by the restart");
+    // The same proc rank lost again (its replacement died): a new loss.
+    let a = m.handle(t, proc_exit(2, 2, 1));
+    assert!(
+        matches!(&a[..], [MeshAction::RestartMembers { replace, .. }] if replace == &[2]),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_proc_lost_during_a_restart_is_replaced_by_the_next_one_with_all_its_members() {
+    let t = Instant::now();
+    let mut m = MeshMachine::new(MeshPolicy::default(), 3, 2);
+    m.handle(t, fail(&[0], 0));
+    // While restarting rank 0, proc 1 dies; the restart fails (its request
+    // to proc 1 found it lost).
+    assert!(m.handle(t, proc_exit(1, 2, 1)).is_empty());
+    let a = m.handle(t, MeshEvent::Restarted(Err("proc lost".into())));
+    assert!(
+        matches!(&a[..], [MeshAction::RestartMembers { ranks, replace, .. }] if ranks == &[Rank(2), Rank(3)] && replace == &[1]),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn heal_sources_spread_round_robin_over_the_survivors() {
+    let restarted = [Rank(1), Rank(2), Rank(5)];
+    assert_eq!(
+        heal_sources(&restarted, 6),
+        vec![(Rank(1), Rank(0)), (Rank(2), Rank(3)), (Rank(5), Rank(4))]
+    );
+    assert_eq!(
+        heal_sources(&[Rank(0), Rank(1), Rank(2)], 4),
+        vec![(Rank(0), Rank(3)), (Rank(1), Rank(3)), (Rank(2), Rank(3))]
+    );
+    assert!(
+        heal_sources(&[Rank(0), Rank(1)], 2).is_empty(),
+        "no survivor"
     );
 }
 
 #[test]
 fn reports_of_replaced_lives_are_stale() {
     let t = Instant::now();
-    let mut m = MeshMachine::new("m", MeshPolicy::default(), 4);
+    let mut m = machine(MeshPolicy::default(), 4);
     m.handle(t, fail(&[1], 0));
     m.handle(t, MeshEvent::Restarted(Ok(())));
     // The old life of rank 1 (a zombie) reports again: ignored.
@@ -76,12 +150,14 @@ fn reports_of_replaced_lives_are_stale() {
 #[test]
 fn restart_mesh_replaces_every_life() {
     let t = Instant::now();
-    let mut m = MeshMachine::new("m", MeshPolicy::new(Decision::RestartMesh), 4);
+    let mut m = machine(MeshPolicy::new(Decision::RestartMesh), 4);
     assert_eq!(
         m.handle(t, fail(&[3], 0)),
         vec![MeshAction::RestartMesh {
+            replace: Vec::new(),
             generation: Generation(1),
-            delay: Duration::ZERO
+            delay: Duration::ZERO,
+            cause: boom(),
         }]
     );
     m.handle(t, MeshEvent::Restarted(Ok(())));
@@ -96,7 +172,7 @@ fn restart_mesh_replaces_every_life() {
 fn exceeding_the_intensity_escalates() {
     let t = Instant::now();
     let policy = MeshPolicy::default().intensity(2, Duration::from_secs(10));
-    let mut m = MeshMachine::new("m", policy, 2);
+    let mut m = machine(policy, 2);
     for g in 0..2 {
         assert_eq!(m.handle(t, fail(&[0], g)).len(), 1);
         m.handle(t, MeshEvent::Restarted(Ok(())));
@@ -115,7 +191,7 @@ fn exceeding_the_intensity_escalates() {
         "a done mesh is inert"
     );
     // Outside the period the count starts over.
-    let mut m = MeshMachine::new("m", policy, 1);
+    let mut m = machine(policy, 1);
     for g in 0..10 {
         assert_eq!(
             m.handle(t + Duration::from_secs(11 * g), fail(&[0], g))
@@ -129,12 +205,12 @@ fn exceeding_the_intensity_escalates() {
 #[test]
 fn stop_escalate_and_the_owners_override() {
     let t = Instant::now();
-    let mut m = MeshMachine::new("m", MeshPolicy::new(Decision::Stop), 2);
+    let mut m = machine(MeshPolicy::new(Decision::Stop), 2);
     assert!(matches!(
         &m.handle(t, fail(&[0], 0))[..],
         [MeshAction::Stop { .. }]
     ));
-    let mut m = MeshMachine::new("m", MeshPolicy::new(Decision::Escalate), 2);
+    let mut m = machine(MeshPolicy::new(Decision::Escalate), 2);
     assert!(matches!(
         &m.handle(t, fail(&[0], 0))[..],
         [MeshAction::Escalate {
@@ -143,7 +219,7 @@ fn stop_escalate_and_the_owners_override() {
         }]
     ));
     // The owner's hook overrides the policy for one failure.
-    let mut m = MeshMachine::new("m", MeshPolicy::new(Decision::Stop), 2);
+    let mut m = machine(MeshPolicy::new(Decision::Stop), 2);
     let MeshEvent::Failed { failure, .. } = fail(&[1], 0) else {
         unreachable!()
     };
@@ -151,6 +227,7 @@ fn stop_escalate_and_the_owners_override() {
         t,
         MeshEvent::Failed {
             failure,
+            lost: Vec::new(),
             decision: Some(Decision::RestartMesh),
         },
     );
@@ -161,7 +238,7 @@ fn stop_escalate_and_the_owners_override() {
 fn a_failed_restart_reported_as_a_failure_counts_toward_the_intensity() {
     let t = Instant::now();
     let policy = MeshPolicy::default().intensity(1, Duration::from_secs(60));
-    let mut m = MeshMachine::new("m", policy, 2);
+    let mut m = machine(policy, 2);
     m.handle(t, fail(&[0], 0));
     assert!(
         m.handle(t, MeshEvent::Restarted(Err("no proc".into())))
@@ -176,6 +253,7 @@ fn a_failed_restart_reported_as_a_failure_counts_toward_the_intensity() {
                 cause: FailureCause::StartFailed("no proc".into()),
                 generation: m.generation(),
             },
+            lost: Vec::new(),
             decision: None,
         },
     );
@@ -196,7 +274,7 @@ fn backoff_grows_and_resets() {
     let policy = MeshPolicy::default()
         .intensity(100, Duration::from_secs(1))
         .backoff(backoff);
-    let mut m = MeshMachine::new("m", policy, 1);
+    let mut m = machine(policy, 1);
     let mut delays = Vec::new();
     for g in 0..4 {
         let a = m.handle(t, fail(&[0], g));
@@ -242,7 +320,7 @@ proptest! {
         let t0 = Instant::now();
         let mut now = t0;
         let policy = MeshPolicy::new(decision).intensity(max, Duration::from_secs(10));
-        let mut m = MeshMachine::new("m", policy, 6);
+        let mut m = machine(policy, 6);
         let mut in_flight = false;
         let mut last_generation = 0;
         for s in steps {

@@ -1,224 +1,57 @@
 //! The controller's side: a [`Runtime`] owns the cluster CA and the
 //! controller's endpoint, starts procs through an [`Allocator`] as a
-//! [`ProcMesh`], spawns [`ActorMesh`]es on them, casts and calls through cast
-//! trees whose root it is, and supervises every mesh it owns: failures of
+//! [`ProcMesh`], spawns [`ActorMesh`](crate::ActorMesh)es on them, roots the
+//! cast trees of its casts, and supervises every mesh it owns: failures of
 //! members, procs, hosts and links reach each mesh's supervisor at once and
-//! are handled by the mesh's policy (see `docs/semantics.md` §4).
+//! are handled by the mesh's policy (see `docs/semantics.md` §5).
+//!
+//! - `config`: [`RuntimeConfig`].
+//! - `leases`: the procs the controller keeps alive, and the zombies it
+//!   tells to exit.
+//! - `routing`: the tasks that route replies, member exits, spawn
+//!   requests, proc events and link events to pending calls and to the
+//!   meshes' supervisors.
+//! - `mesh`: the controller's side of a mesh ([`SpawnOptions`], what its
+//!   references share with its supervisor).
+//! - `procs`: [`ProcMesh`] and its proc slots (replacement per proc).
+//! - `supervise`: the supervisor of one mesh.
 
-use std::collections::{HashMap, HashSet};
-use std::fmt;
-use std::net::SocketAddr;
-use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use regent_net::{
-    ActorId, ActorName, ClusterCa, Endpoint, EndpointConfig, Generation, ProcAddr, ProcId,
-    TransportEvent,
-};
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-
-use crate::actor::MemberError;
-use crate::alloc::{AllocError, AllocatedProc, Allocator, ProcBoot, ProcEvent};
-use crate::node::{self, Pending};
-use crate::policy::MeshFailure;
-use crate::proc::{NetFabric, proc_port};
-use crate::protocol::{
-    CastFrame, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody,
-    names,
-};
-use crate::selection::SelectionError;
-use crate::shape::{Rank, ShapeError};
-use crate::tree::DEFAULT_FANOUT;
-
+mod config;
+mod leases;
 pub(crate) mod mesh;
 mod procs;
+mod routing;
 mod supervise;
 
-pub use mesh::{ActorMesh, FailureHook, MeshStatus, Reduced, SpawnOptions, ValueMesh};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use regent_net::{ActorId, ActorName, ClusterCa, Endpoint, Generation, ProcAddr, ProcId};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::alloc::{AllocatedProc, Allocator, Placement, ProcBoot};
+use crate::cast::Caster;
+use crate::error::MeshError;
+use crate::fabric::{Fabric, NetFabric, Pending, proc_port};
+use crate::policy::MeshFailure;
+use crate::protocol::{MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody, names};
+
+pub use config::RuntimeConfig;
+pub use mesh::{FailureHook, SpawnOptions, SuperviseHook};
 pub use procs::{MEMBER_DIM, ProcMesh};
 
 use supervise::Signal;
-
-/// How a [`Runtime`] is set up.
-#[derive(Debug, Clone)]
-pub struct RuntimeConfig {
-    /// The controller's proc name (its certificate's identity).
-    pub name: String,
-    /// Where the controller's endpoint listens (default `127.0.0.1:0`).
-    pub bind: SocketAddr,
-    /// Where procs bind their endpoints (default `127.0.0.1:0`).
-    pub proc_bind: SocketAddr,
-    /// How long procs keep running without hearing from the controller
-    /// (default 10 s); the controller renews every third of it.
-    pub owner_lease: Duration,
-    /// How long spawns, stops and calls wait by default (default 30 s).
-    pub call_timeout: Duration,
-    /// The cast trees' fan-out (default 16).
-    pub fanout: NonZeroU32,
-    /// The control plane's settings (its `failure_timeout` bounds how fast a
-    /// silent proc is declared failed).
-    pub endpoint: EndpointConfig,
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        Self {
-            name: "controller".into(),
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            proc_bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            owner_lease: Duration::from_secs(10),
-            call_timeout: Duration::from_secs(30),
-            fanout: DEFAULT_FANOUT,
-            endpoint: EndpointConfig::default(),
-        }
-    }
-}
-
-impl RuntimeConfig {
-    /// Sets the cast trees' fan-out.
-    pub fn fanout(mut self, fanout: NonZeroU32) -> Self {
-        self.fanout = fanout;
-        self
-    }
-
-    /// Sets the default call timeout.
-    pub fn call_timeout(mut self, timeout: Duration) -> Self {
-        self.call_timeout = timeout;
-        self
-    }
-
-    /// Sets the owner lease given to procs.
-    pub fn owner_lease(mut self, lease: Duration) -> Self {
-        self.owner_lease = lease;
-        self
-    }
-
-    /// Sets the control plane's settings.
-    pub fn endpoint(mut self, endpoint: EndpointConfig) -> Self {
-        self.endpoint = endpoint;
-        self
-    }
-}
-
-/// What went wrong in a mesh operation.
-#[derive(Debug, thiserror::Error)]
-pub enum MeshError {
-    /// Procs could not be allocated.
-    #[error(transparent)]
-    Alloc(#[from] AllocError),
-    /// The control plane failed.
-    #[error(transparent)]
-    Net(#[from] regent_net::Error),
-    /// A name was invalid.
-    #[error(transparent)]
-    Id(#[from] regent_net::IdError),
-    /// A shape was invalid.
-    #[error(transparent)]
-    Shape(#[from] ShapeError),
-    /// A selection did not fit the mesh.
-    #[error(transparent)]
-    Selection(#[from] SelectionError),
-    /// Members could not be spawned on a proc.
-    #[error("spawning {mesh} on proc {proc}: {message}")]
-    Spawn {
-        /// The mesh.
-        mesh: String,
-        /// The proc.
-        proc: ProcId,
-        /// Why.
-        message: String,
-    },
-    /// A member's mesh could not be spawned: the controller refused it or
-    /// could not be reached.
-    #[error("spawning {mesh}: {message}")]
-    SpawnChild {
-        /// The mesh.
-        mesh: String,
-        /// Why.
-        message: String,
-    },
-    /// A value could not be encoded.
-    #[error("encoding: {0}")]
-    Encode(String),
-    /// No answer in time.
-    #[error("{what} timed out after {after:?}")]
-    Timeout {
-        /// What.
-        what: String,
-        /// After how long.
-        after: Duration,
-    },
-    /// The reducer is not registered in this binary.
-    #[error("no reducer {0} is registered")]
-    NoSuchReducer(&'static str),
-    /// No member has this rank.
-    #[error("no member has rank {}", .0.0)]
-    NoSuchRank(Rank),
-    /// The mesh has stopped (by its policy, by escalation, or on request).
-    #[error("mesh {0} has stopped")]
-    Stopped(String),
-    /// Some members did not get or answer the message.
-    #[error(transparent)]
-    Members(#[from] MembersFailed),
-}
-
-/// The members that did not get (or answer) a cast or call, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{} member(s) failed: {}", failed.len(), summary(failed))]
-pub struct MembersFailed {
-    /// By rank.
-    pub failed: Vec<(Rank, MemberError)>,
-}
-
-fn summary(failed: &[(Rank, MemberError)]) -> String {
-    let mut parts: Vec<String> = failed
-        .iter()
-        .take(4)
-        .map(|(r, e)| format!("rank {}: {e}", r.0))
-        .collect();
-    if failed.len() > 4 {
-        parts.push(format!("and {} more", failed.len() - 4));
-    }
-    parts.join("; ")
-}
-
-/// The bound on remembered lost procs; the oldest are forgotten first.
-const MAX_LOST: usize = 1 << 16;
-
-#[derive(Default)]
-struct LostProcs {
-    set: HashSet<ProcId>,
-    order: std::collections::VecDeque<ProcId>,
-}
-
-impl LostProcs {
-    /// Records a lost proc; returns whether it is new.
-    fn insert(&mut self, proc: ProcId) -> bool {
-        if !self.set.insert(proc.clone()) {
-            return false;
-        }
-        self.order.push_back(proc);
-        if self.order.len() > MAX_LOST
-            && let Some(oldest) = self.order.pop_front()
-        {
-            self.set.remove(&oldest);
-        }
-        true
-    }
-
-    fn contains(&self, proc: &ProcId) -> bool {
-        self.set.contains(proc)
-    }
-}
 
 struct Inner {
     config: RuntimeConfig,
     ca: ClusterCa,
     fabric: Arc<NetFabric>,
     pending: Arc<Pending>,
+    /// The root of the controller's casts.
+    caster: Arc<Caster>,
     next_mesh: AtomicU64,
     next_proc: AtomicU64,
     /// What the references of each live mesh share (its supervisor's
@@ -227,15 +60,7 @@ struct Inner {
     /// Meshes owned by members of other meshes: by owner mesh, (owner rank,
     /// owned mesh).
     owned: Mutex<HashMap<MeshId, Vec<(u32, MeshId)>>>,
-    /// Procs whose lease the controller renews.
-    leased: Mutex<HashSet<ProcId>>,
-    /// Procs given up on (dead, or unreachable: zombies if they come back).
-    abandoned: Mutex<HashSet<ProcId>>,
-    /// Procs known to be dead or unreachable, as soon as any report says so
-    /// (before any mesh supervisor has handled it): requests to them fail at
-    /// once, and restarts replace them.
-    lost: Mutex<LostProcs>,
-    lost_changed: tokio::sync::Notify,
+    leases: leases::Leases,
     /// Allocators whose events are already being routed (by address), which
     /// also see every transport event.
     hooked: Mutex<HashMap<usize, Arc<dyn Allocator>>>,
@@ -252,8 +77,8 @@ impl Drop for Inner {
     }
 }
 
-/// The controller: the root of every cast tree, and the owner of the procs it
-/// starts and the meshes it spawns. Cheap to clone.
+/// The controller: the root of its casts' trees, and the owner of the procs
+/// it starts and the meshes it spawns. Cheap to clone.
 #[derive(Clone)]
 pub struct Runtime {
     inner: Arc<Inner>,
@@ -290,20 +115,21 @@ impl Runtime {
         let spawns = endpoint.open_port(actor.port(names::SPAWN_PORT))?;
         let transport = endpoint.take_events();
         let (job, _) = watch::channel(None);
+        let fabric = Arc::new(NetFabric::new(endpoint, actor.clone()));
+        let pending = Arc::new(Pending::default());
+        let caster = Arc::new(Caster::start(fabric.clone(), pending.clone(), actor));
         let rt = Self {
             inner: Arc::new(Inner {
                 config,
                 ca,
-                fabric: Arc::new(NetFabric::new(endpoint, actor)),
-                pending: Arc::new(Pending::default()),
+                fabric,
+                pending,
+                caster,
                 next_mesh: AtomicU64::new(0),
                 next_proc: AtomicU64::new(0),
                 meshes: Mutex::new(HashMap::new()),
                 owned: Mutex::new(HashMap::new()),
-                leased: Mutex::new(HashSet::new()),
-                abandoned: Mutex::new(HashSet::new()),
-                lost: Mutex::new(LostProcs::default()),
-                lost_changed: tokio::sync::Notify::new(),
+                leases: leases::Leases::default(),
                 hooked: Mutex::new(HashMap::new()),
                 job,
                 tasks: Mutex::new(Vec::new()),
@@ -311,13 +137,15 @@ impl Runtime {
         };
         let weak = Arc::downgrade(&rt.inner);
         let mut tasks = vec![
-            tokio::spawn(dispatch_replies(rt.inner.pending.clone(), replies)),
-            tokio::spawn(route_member_exits(weak.clone(), events)),
-            tokio::spawn(route_spawn_requests(weak.clone(), spawns)),
-            tokio::spawn(renew_leases(weak.clone())),
+            tokio::spawn(routing::dispatch_replies(rt.inner.pending.clone(), replies)),
+            tokio::spawn(routing::route_member_exits(weak.clone(), events)),
+            tokio::spawn(routing::route_spawn_requests(weak.clone(), spawns)),
+            tokio::spawn(leases::renew(weak.clone())),
         ];
         if let Some(transport) = transport {
-            tasks.push(tokio::spawn(route_transport_events(weak, transport)));
+            tasks.push(tokio::spawn(routing::route_transport_events(
+                weak, transport,
+            )));
         }
         rt.inner.tasks.lock().expect("tasks lock").extend(tasks);
         Ok(rt)
@@ -341,6 +169,15 @@ impl Runtime {
     /// The configuration.
     pub fn config(&self) -> &RuntimeConfig {
         &self.inner.config
+    }
+
+    /// A [`LocalAllocator`](crate::alloc::LocalAllocator) for this
+    /// controller: procs as child processes of this one (the same binary,
+    /// started by [`crate::bootstrap`]).
+    pub fn local_allocator(&self) -> Result<Arc<dyn Allocator>, MeshError> {
+        Ok(Arc::new(crate::alloc::LocalAllocator::new(
+            self.endpoint().clone(),
+        )?))
     }
 
     /// How many cast-tree frames the controller has sent itself (each is one
@@ -377,20 +214,41 @@ impl Runtime {
         allocator: Arc<dyn Allocator>,
         shape: crate::shape::Shape,
     ) -> Result<ProcMesh, MeshError> {
-        let procs = self.allocate(&allocator, shape.len()).await?;
-        Ok(ProcMesh::new(self.clone(), allocator, procs, shape))
+        self.spawn_procs_placed(allocator, shape, |_| Placement::default())
+            .await
     }
 
-    /// Starts `n` procs through `allocator` and routes their events.
+    /// [`Runtime::spawn_procs`] with a placement per proc rank (its own
+    /// environment and arguments, e.g. the device it owns), kept when the
+    /// proc is replaced.
+    pub async fn spawn_procs_placed(
+        &self,
+        allocator: Arc<dyn Allocator>,
+        shape: crate::shape::Shape,
+        placement: impl Fn(u32) -> Placement,
+    ) -> Result<ProcMesh, MeshError> {
+        let placements: Vec<Placement> = (0..shape.len() as u32).map(placement).collect();
+        let procs = self.allocate(&allocator, placements.clone()).await?;
+        Ok(ProcMesh::new(
+            self.clone(),
+            allocator,
+            procs,
+            placements,
+            shape,
+        ))
+    }
+
+    /// Starts one proc per placement through `allocator` and routes their
+    /// events.
     pub(crate) async fn allocate(
         &self,
         allocator: &Arc<dyn Allocator>,
-        n: usize,
+        placements: Vec<Placement>,
     ) -> Result<Vec<AllocatedProc>, MeshError> {
         self.hook_allocator(allocator);
         let batch = self.inner.next_proc.fetch_add(1, Ordering::Relaxed);
-        let mut boots = Vec::with_capacity(n);
-        for i in 0..n {
+        let mut boots = Vec::with_capacity(placements.len());
+        for (i, placement) in placements.into_iter().enumerate() {
             let proc = ProcId::new(&format!("p{batch}-{i}"))?;
             let (cert_pem, key_pem, ca_pem) = self.inner.ca.issue(&proc)?.to_pem();
             boots.push(ProcBoot {
@@ -402,13 +260,14 @@ impl Runtime {
                 parent: self.addr(),
                 owner: self.addr(),
                 owner_lease: self.inner.config.owner_lease,
+                endpoint: self.inner.config.proc_endpoint(),
+                placement,
             });
         }
         let procs = allocator.allocate(boots).await?;
-        let mut leased = self.inner.leased.lock().expect("leased lock");
         for p in &procs {
             self.endpoint().add_route(p.addr.clone());
-            leased.insert(p.proc.clone());
+            self.inner.leases.lease(&p.proc);
         }
         Ok(procs)
     }
@@ -427,7 +286,10 @@ impl Runtime {
             return;
         }
         if let Some(events) = allocator.take_events() {
-            let task = tokio::spawn(route_proc_events(Arc::downgrade(&self.inner), events));
+            let task = tokio::spawn(routing::route_proc_events(
+                Arc::downgrade(&self.inner),
+                events,
+            ));
             self.inner.tasks.lock().expect("tasks lock").push(task);
         }
     }
@@ -436,36 +298,24 @@ impl Runtime {
     /// told to exit.
     pub(crate) fn abandon(&self, proc: &ProcId) {
         self.mark_lost(proc);
-        self.inner.leased.lock().expect("leased lock").remove(proc);
-        self.inner
-            .abandoned
-            .lock()
-            .expect("abandoned lock")
-            .insert(proc.clone());
+        self.inner.leases.abandon(proc);
     }
 
-    /// Records that a proc is dead or unreachable, and wakes the requests
-    /// waiting on it.
+    /// Records that a proc is dead or unreachable: requests and casts to it
+    /// fail at once, and casts route around it.
     pub(crate) fn mark_lost(&self, proc: &ProcId) {
-        if self
-            .inner
-            .lost
-            .lock()
-            .expect("lost lock")
-            .insert(proc.clone())
-        {
-            self.inner.lost_changed.notify_waiters();
-        }
+        self.inner.fabric.lost.insert(proc);
     }
 
     /// Whether a proc is known to be dead or unreachable.
     pub(crate) fn is_lost(&self, proc: &ProcId) -> bool {
-        self.inner.lost.lock().expect("lost lock").contains(proc)
+        self.inner.fabric.lost.contains(proc)
     }
 
     /// Stops renewing a proc's lease (it is being stopped).
     pub(crate) fn release(&self, proc: &ProcId) {
-        self.inner.leased.lock().expect("leased lock").remove(proc);
+        self.inner.leases.release(proc);
+        self.endpoint().remove_route(proc);
     }
 
     pub(crate) fn register_mesh(&self, shared: Arc<mesh::MeshShared>) {
@@ -502,7 +352,7 @@ impl Runtime {
 
     /// Stops every mesh that has members on any of `procs` (they are about
     /// to be stopped on purpose), and waits until they have stopped.
-    pub(crate) async fn stop_meshes_on(&self, procs: &HashSet<ProcId>) {
+    pub(crate) async fn stop_meshes_on(&self, procs: &std::collections::HashSet<ProcId>) {
         let on: Vec<MeshId> = self
             .inner
             .meshes
@@ -544,7 +394,7 @@ impl Runtime {
 
     /// Stops the meshes owned by `ranks` of `parent` (all of its members
     /// when `None`), and waits until they have stopped.
-    pub(crate) async fn stop_owned(&self, parent: MeshId, ranks: Option<&[u32]>) {
+    pub(crate) async fn stop_owned(&self, parent: MeshId, ranks: Option<&[crate::shape::Rank]>) {
         let children: Vec<MeshId> = {
             let mut owned = self.inner.owned.lock().expect("owned lock");
             let Some(list) = owned.get_mut(&parent) else {
@@ -552,7 +402,7 @@ impl Runtime {
             };
             let (stop, keep): (Vec<_>, Vec<_>) = list
                 .drain(..)
-                .partition(|(r, _)| ranks.is_none_or(|ranks| ranks.contains(r)));
+                .partition(|(r, _)| ranks.is_none_or(|ranks| ranks.iter().any(|x| x.0 == *r)));
             *list = keep;
             stop.into_iter().map(|(_, c)| c).collect()
         };
@@ -561,27 +411,31 @@ impl Runtime {
         }
     }
 
-    /// Sends a command to a proc's runtime.
-    async fn send_command(&self, proc: &ProcId, cmd: ProcCommand) -> Result<(), String> {
-        let fabric = &self.inner.fabric;
+    /// Sends a command to a proc's runtime, giving up at `deadline`.
+    async fn send_command(
+        &self,
+        proc: &ProcId,
+        cmd: ProcCommand,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), String> {
         let port = proc_port(proc, names::COMMAND_PORT);
-        fabric
-            .endpoint
-            .send(&fabric.me, &port, Generation(0), cmd)
+        self.inner
+            .fabric
+            .send_by(&port, Generation(0), cmd, deadline)
             .await
-            .map_err(|e| e.failure.to_string())
+            .map_err(|e| e.to_string())
     }
 
     /// Sends a command to a proc without waiting for an answer.
     pub(crate) async fn tell(&self, proc: &ProcId, cmd: ProcCommand) {
-        if let Err(error) = self.send_command(proc, cmd).await {
+        let deadline = tokio::time::Instant::now() + self.inner.config.call_timeout;
+        if let Err(error) = self.send_command(proc, cmd, deadline).await {
             tracing::warn!(%proc, %error, "could not tell a proc");
         }
     }
 
     /// Answers a proc's request.
     pub(crate) async fn answer(&self, to: regent_net::PortId, call: u64, body: ReplyBody) {
-        use crate::node::Fabric;
         self.inner.fabric.reply(to, ProcReply { call, body }).await;
     }
 
@@ -590,28 +444,87 @@ impl Runtime {
         self.inner.owned.lock().expect("owned lock").remove(&id);
     }
 
+    /// Hands a signal to a live mesh's supervisor; returns whether the mesh
+    /// is live. A supervisor whose queue is full (which its bound makes a
+    /// bug) stops the job rather than lose the signal.
     pub(crate) fn signal_mesh(&self, id: MeshId, signal: Signal) -> bool {
-        match self.inner.meshes.lock().expect("meshes lock").get(&id) {
-            Some(shared) => shared.supervisor.send(signal).is_ok(),
+        let shared = self
+            .inner
+            .meshes
+            .lock()
+            .expect("meshes lock")
+            .get(&id)
+            .cloned();
+        match shared {
+            Some(shared) => {
+                self.deliver(&shared, signal);
+                true
+            }
             None => false,
         }
     }
 
+    fn deliver(&self, shared: &mesh::MeshShared, signal: Signal) {
+        use tokio::sync::mpsc::error::TrySendError;
+        match shared.supervisor.try_send(signal) {
+            Ok(()) | Err(TrySendError::Closed(_)) => {}
+            Err(TrySendError::Full(signal)) => {
+                let name = shared.info().name.clone();
+                tracing::error!(mesh = %name, ?signal, "a mesh supervisor's queue is full; stopping the job rather than losing a signal");
+                self.fail_job(MeshFailure {
+                    mesh: name,
+                    ranks: Vec::new(),
+                    cause: crate::policy::FailureCause::Supervisor(
+                        "its signal queue overflowed".into(),
+                    ),
+                    generation: shared.info().generation,
+                });
+            }
+        }
+    }
+
     fn signal_all(&self, signal: impl Fn() -> Signal) {
-        for shared in self.inner.meshes.lock().expect("meshes lock").values() {
-            let _ = shared.supervisor.send(signal());
+        let all: Vec<Arc<mesh::MeshShared>> = self
+            .inner
+            .meshes
+            .lock()
+            .expect("meshes lock")
+            .values()
+            .cloned()
+            .collect();
+        for shared in all {
+            self.deliver(&shared, signal());
         }
     }
 
     /// A failure escalated past every owner: record it and stop every mesh.
     pub(crate) fn fail_job(&self, failure: MeshFailure) {
+        if self.inner.job.borrow().is_some() {
+            return;
+        }
         tracing::error!(%failure, "a failure escalated to the root; stopping the job");
         self.inner.job.send_replace(Some(failure));
-        self.signal_all(|| Signal::Stop);
+        let all: Vec<Arc<mesh::MeshShared>> = self
+            .inner
+            .meshes
+            .lock()
+            .expect("meshes lock")
+            .values()
+            .cloned()
+            .collect();
+        for shared in all {
+            // A full queue cannot take the stop: the mesh stops when its
+            // supervisor gets to it (its status says the job failed).
+            let _ = shared.supervisor.try_send(Signal::Stop);
+        }
     }
 
     pub(crate) fn pending(&self) -> &Pending {
         &self.inner.pending
+    }
+
+    pub(crate) fn caster(&self) -> &Arc<Caster> {
+        &self.inner.caster
     }
 
     pub(crate) fn next_mesh_id(&self) -> MeshId {
@@ -619,7 +532,6 @@ impl Runtime {
     }
 
     pub(crate) fn reply_port(&self) -> regent_net::PortId {
-        use crate::node::Fabric;
         self.inner.fabric.reply_port()
     }
 
@@ -627,11 +539,8 @@ impl Runtime {
         self.inner.fabric.me.port(names::EVENT_PORT)
     }
 
-    pub(crate) fn me(&self) -> &ActorId {
-        &self.inner.fabric.me
-    }
-
-    /// Sends a request to a proc's command port and waits for its answer.
+    /// Sends a request to a proc's command port and waits for its answer,
+    /// at most the call timeout; a proc known (or found) lost fails at once.
     pub(crate) async fn request(
         &self,
         proc: &ProcId,
@@ -646,9 +555,11 @@ impl Runtime {
         if self.is_lost(proc) {
             return Err(lost());
         }
+        let after = self.inner.config.call_timeout;
+        let deadline = tokio::time::Instant::now() + after;
         let (call, answer) = self.inner.pending.request();
         let cmd = build(call);
-        if let Err(message) = self.send_command(proc, cmd).await {
+        if let Err(message) = self.send_command(proc, cmd, deadline).await {
             self.inner.pending.forget(call);
             return Err(MeshError::Spawn {
                 mesh: what.to_owned(),
@@ -656,12 +567,12 @@ impl Runtime {
                 message,
             });
         }
-        let after = self.inner.config.call_timeout;
-        let answer = tokio::time::timeout(after, answer);
+        let answer = tokio::time::timeout_at(deadline, answer);
         tokio::pin!(answer);
+        let lost_procs = &self.inner.fabric.lost;
         loop {
             // Registered before the check, so no loss is missed in between.
-            let changed = self.inner.lost_changed.notified();
+            let changed = lost_procs.changed();
             tokio::pin!(changed);
             changed.as_mut().enable();
             if self.is_lost(proc) {
@@ -695,154 +606,5 @@ impl Runtime {
             Generation(0),
             ProcCommand::Exit,
         );
-    }
-
-    /// Casts `frame` from the controller, as the root of the tree.
-    pub(crate) async fn root_cast(&self, info: &MeshInfo, frame: CastFrame) -> Contribution {
-        node::from_root(
-            self.inner.fabric.as_ref(),
-            &self.inner.pending,
-            info,
-            &frame,
-        )
-        .await
-    }
-}
-
-async fn dispatch_replies(pending: Arc<Pending>, mut replies: regent_net::Inbox) {
-    while let Some(delivery) = replies.recv().await {
-        match delivery.decode::<ProcReply>() {
-            Ok(r) => pending.resolve(r.call, r.body),
-            Err(e) => tracing::warn!(error = %e, "undecodable reply dropped"),
-        }
-    }
-}
-
-async fn route_member_exits(inner: std::sync::Weak<Inner>, mut events: regent_net::Inbox) {
-    while let Some(delivery) = events.recv().await {
-        let Some(inner) = inner.upgrade() else { return };
-        let rt = Runtime { inner };
-        match delivery.decode::<MemberExited>() {
-            Ok(e) => {
-                let mesh = e.mesh;
-                if !rt.signal_mesh(mesh, Signal::Member(e)) {
-                    tracing::debug!(mesh = mesh.0, "member exit of a mesh no longer supervised");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "undecodable member exit dropped"),
-        }
-    }
-}
-
-async fn route_spawn_requests(inner: std::sync::Weak<Inner>, mut requests: regent_net::Inbox) {
-    while let Some(delivery) = requests.recv().await {
-        let Some(inner) = inner.upgrade() else { return };
-        let rt = Runtime { inner };
-        let request = match delivery.decode::<crate::protocol::SpawnChild>() {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "undecodable spawn request dropped");
-                continue;
-            }
-        };
-        let parent = request.parent;
-        let (to, call) = (request.reply_to.clone(), request.call);
-        if !rt.signal_mesh(parent, Signal::SpawnChild(request)) {
-            let body = ReplyBody::ChildSpawned(Err(format!(
-                "the requesting member's mesh {} is no longer supervised",
-                parent.0
-            )));
-            rt.answer(to, call, body).await;
-        }
-    }
-}
-
-async fn route_proc_events(inner: std::sync::Weak<Inner>, mut events: mpsc::Receiver<ProcEvent>) {
-    while let Some(event) = events.recv().await {
-        let Some(inner) = inner.upgrade() else { return };
-        let rt = Runtime { inner };
-        let procs: Vec<ProcId> = match &event {
-            ProcEvent::Exited { proc, .. } => vec![proc.clone()],
-            ProcEvent::HostLost { procs, .. } => procs.clone(),
-        };
-        // Reported to the supervisors before it is marked lost: a request
-        // that fails because the proc is lost finds the report queued.
-        rt.signal_all(|| Signal::Proc(event.clone()));
-        for p in &procs {
-            rt.release(p);
-            rt.mark_lost(p);
-        }
-    }
-}
-
-async fn route_transport_events(
-    inner: std::sync::Weak<Inner>,
-    mut events: mpsc::Receiver<TransportEvent>,
-) {
-    while let Some(event) = events.recv().await {
-        let Some(inner) = inner.upgrade() else { return };
-        let allocators: Vec<Arc<dyn Allocator>> = inner
-            .hooked
-            .lock()
-            .expect("hooked lock")
-            .values()
-            .cloned()
-            .collect();
-        for a in allocators {
-            a.transport_event(&event);
-        }
-        let rt = Runtime { inner };
-        match event {
-            TransportEvent::LinkFailed { peer, cause, .. }
-            | TransportEvent::LinkClosed { peer, cause } => {
-                let detail = cause.to_string();
-                rt.signal_all(|| Signal::Link {
-                    proc: peer.clone(),
-                    detail: detail.clone(),
-                });
-                rt.mark_lost(&peer);
-            }
-            TransportEvent::LinkUp { peer, .. } => {
-                let zombie = rt
-                    .inner
-                    .abandoned
-                    .lock()
-                    .expect("abandoned lock")
-                    .contains(&peer);
-                if zombie {
-                    tracing::warn!(proc = %peer, "an abandoned proc came back; telling it to exit");
-                    rt.tell_exit(&peer);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-async fn renew_leases(inner: std::sync::Weak<Inner>) {
-    let period = match inner.upgrade() {
-        Some(i) => i.config.owner_lease / 3,
-        None => return,
-    };
-    loop {
-        tokio::time::sleep(period).await;
-        let Some(inner) = inner.upgrade() else { return };
-        let procs: Vec<ProcId> = inner
-            .leased
-            .lock()
-            .expect("leased lock")
-            .iter()
-            .cloned()
-            .collect();
-        let fabric = &inner.fabric;
-        for p in procs {
-            // A full buffer or a dead proc is not the lease's problem.
-            let _ = fabric.endpoint.try_send(
-                &fabric.me,
-                &proc_port(&p, names::COMMAND_PORT),
-                Generation(0),
-                ProcCommand::Renew,
-            );
-        }
     }
 }

@@ -1,31 +1,102 @@
 //! Proc meshes: procs started together, on which actor meshes are spawned.
+//!
+//! A proc mesh keeps one slot per proc rank. When a proc dies, the first
+//! mesh supervisor that restarts members on it asks its slot for a
+//! replacement; the slot starts one fresh proc (with the rank's placement)
+//! and every other mesh on that proc gets the same one — so meshes that
+//! shared a proc (a trainer and its data loader) stay together.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
-use regent_net::{ActorName, Generation, ProcAddr};
+use regent_net::{ActorName, Generation, ProcAddr, ProcId};
 
-use super::mesh::{ActorMesh, SpawnOptions};
+use super::mesh::{MeshShared, SpawnOptions};
 use super::supervise;
 use super::{MeshError, Runtime};
-use crate::actor::{MeshActor, encode};
-use crate::alloc::{AllocatedProc, Allocator};
-use crate::protocol::{MeshInfo, ProcCommand, ReplyBody};
+use crate::actor::MeshActor;
+use crate::actor_mesh::ActorMesh;
+use crate::alloc::{AllocatedProc, Allocator, Placement};
+use crate::protocol::{CastToken, MeshInfo, ProcCommand, ReplyBody, Restart, encode};
 use crate::shape::Shape;
 
 /// The name of the dimension an [`ActorMesh`] adds to its proc mesh's shape
 /// for the members of each proc.
 pub const MEMBER_DIM: &str = "actors";
 
+/// Replaced procs a proc mesh remembers (for [`ProcMesh::all_procs`]).
+const MAX_REPLACED: usize = 1024;
+
+/// The procs of a proc mesh by rank, as they are now, and how to replace
+/// one.
+pub(crate) struct ProcSlots {
+    rt: Runtime,
+    allocator: Arc<dyn Allocator>,
+    current: Mutex<Vec<AllocatedProc>>,
+    placements: Vec<Placement>,
+    /// Procs that were replaced, oldest first (bounded).
+    replaced: Mutex<VecDeque<AllocatedProc>>,
+    /// One replacement at a time.
+    replacing: tokio::sync::Mutex<()>,
+}
+
+impl ProcSlots {
+    /// The procs now, by rank.
+    pub(crate) fn current(&self) -> Vec<AllocatedProc> {
+        self.current.lock().expect("proc slots lock").clone()
+    }
+
+    /// The proc of rank `rank` in place of `dead`: a fresh one (started now
+    /// with the rank's placement) if the slot still holds `dead`, else the
+    /// one that already replaced it.
+    pub(crate) async fn replace(
+        &self,
+        rank: u32,
+        dead: &ProcId,
+    ) -> Result<AllocatedProc, MeshError> {
+        let _one = self.replacing.lock().await;
+        let now = self
+            .current
+            .lock()
+            .expect("proc slots lock")
+            .get(rank as usize)
+            .cloned()
+            .ok_or(MeshError::NoSuchRank(crate::shape::Rank(rank)))?;
+        if &now.proc != dead && !self.rt.is_lost(&now.proc) {
+            return Ok(now);
+        }
+        let placement = self
+            .placements
+            .get(rank as usize)
+            .cloned()
+            .unwrap_or_default();
+        let mut fresh = self.rt.allocate(&self.allocator, vec![placement]).await?;
+        let fresh = fresh.pop().ok_or_else(|| MeshError::Spawn {
+            mesh: String::new(),
+            proc: dead.clone(),
+            message: "the allocator started no proc".into(),
+        })?;
+        tracing::info!(proc_rank = rank, old = %dead, new = %fresh.proc, "fresh proc replaces a lost one");
+        let old = std::mem::replace(
+            &mut self.current.lock().expect("proc slots lock")[rank as usize],
+            fresh.clone(),
+        );
+        let mut replaced = self.replaced.lock().expect("replaced lock");
+        replaced.push_back(old);
+        if replaced.len() > MAX_REPLACED {
+            replaced.pop_front();
+        }
+        Ok(fresh)
+    }
+}
+
 /// Procs started by a [`Runtime`], with a shape.
 pub struct ProcMesh {
     rt: Runtime,
-    allocator: Arc<dyn Allocator>,
-    /// The procs, by rank, plus any started later to replace failed ones.
-    procs: Arc<Mutex<Vec<AllocatedProc>>>,
-    initial: Vec<AllocatedProc>,
+    slots: Arc<ProcSlots>,
     shape: Shape,
 }
 
@@ -33,7 +104,7 @@ impl fmt::Debug for ProcMesh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProcMesh")
             .field("shape", &self.shape)
-            .field("procs", &self.initial)
+            .field("procs", &self.slots.current())
             .finish_non_exhaustive()
     }
 }
@@ -43,25 +114,41 @@ impl ProcMesh {
         rt: Runtime,
         allocator: Arc<dyn Allocator>,
         procs: Vec<AllocatedProc>,
+        placements: Vec<Placement>,
         shape: Shape,
     ) -> Self {
         Self {
+            slots: Arc::new(ProcSlots {
+                rt: rt.clone(),
+                allocator,
+                current: Mutex::new(procs),
+                placements,
+                replaced: Mutex::new(VecDeque::new()),
+                replacing: tokio::sync::Mutex::new(()),
+            }),
             rt,
-            allocator,
-            procs: Arc::new(Mutex::new(procs.clone())),
-            initial: procs,
             shape,
         }
     }
 
-    /// The procs, by rank, as started.
-    pub fn procs(&self) -> &[AllocatedProc] {
-        &self.initial
+    /// The procs, by rank, as they are now (replacements included).
+    pub fn procs(&self) -> Vec<AllocatedProc> {
+        self.slots.current()
     }
 
-    /// Every proc started for this mesh so far, replacements included.
+    /// Every proc started for this mesh: those now, and the last
+    /// 1024 replaced ones.
     pub fn all_procs(&self) -> Vec<AllocatedProc> {
-        self.procs.lock().expect("procs lock").clone()
+        let mut all = self.slots.current();
+        all.extend(
+            self.slots
+                .replaced
+                .lock()
+                .expect("replaced lock")
+                .iter()
+                .cloned(),
+        );
+        all
     }
 
     /// The shape.
@@ -71,7 +158,7 @@ impl ProcMesh {
 
     /// The allocator that started the procs.
     pub fn allocator(&self) -> &Arc<dyn Allocator> {
-        &self.allocator
+        &self.slots.allocator
     }
 
     /// The runtime that owns them.
@@ -91,11 +178,11 @@ impl ProcMesh {
             .await
     }
 
-    /// Spawns `per_proc` members of `A` on every proc, each created from
-    /// `args`, supervised as `options` say. The mesh's shape is this proc
-    /// mesh's, plus a dimension [`MEMBER_DIM`] of size `per_proc`. Returns
-    /// once every member has started; if one fails to start, the others are
-    /// stopped.
+    /// Spawns `per_proc` members of `A` on every proc (as they are now),
+    /// each created from `args`, supervised as `options` say. The mesh's
+    /// shape is this proc mesh's, plus a dimension [`MEMBER_DIM`] of size
+    /// `per_proc`. Returns once every member has started; if one fails to
+    /// start, the others are stopped.
     pub async fn spawn_with<A: MeshActor>(
         &self,
         name: &str,
@@ -108,7 +195,12 @@ impl ProcMesh {
             .dims()
             .map(|(n, s)| (n.as_str().to_owned(), s))
             .collect();
-        let on: Vec<ProcAddr> = self.initial.iter().map(|p| p.addr.clone()).collect();
+        let on: Vec<ProcAddr> = self
+            .slots
+            .current()
+            .iter()
+            .map(|p| p.addr.clone())
+            .collect();
         let spec = MeshSpec {
             name,
             actor_type: A::NAME,
@@ -117,22 +209,22 @@ impl ProcMesh {
             dims,
             options,
         };
-        let shared = spawn_mesh(&self.rt, &self.allocator, &self.procs, &on, spec).await?;
-        Ok(ActorMesh::new(self.rt.clone(), shared))
+        let shared = spawn_mesh(&self.rt, &self.slots, &on, spec).await?;
+        Ok(ActorMesh::new(shared))
     }
 
     /// Stops every mesh on these procs (so that no supervisor takes the
     /// procs' exits for failures), then every proc (SIGTERM, then SIGKILL
-    /// after `grace`), replacements included, and waits for their exits.
+    /// after `grace`), and waits for their exits.
     pub async fn stop(self, grace: Duration) -> Result<(), MeshError> {
-        let procs = self.all_procs();
-        let ids: std::collections::HashSet<regent_net::ProcId> =
-            procs.iter().map(|p| p.proc.clone()).collect();
+        let procs = self.slots.current();
+        let ids: std::collections::HashSet<ProcId> = procs.iter().map(|p| p.proc.clone()).collect();
         self.rt.stop_meshes_on(&ids).await;
         for p in &procs {
             self.rt.release(&p.proc);
         }
-        let stops = procs.iter().map(|p| self.allocator.stop(&p.proc, grace));
+        let allocator = &self.slots.allocator;
+        let stops = procs.iter().map(|p| allocator.stop(&p.proc, grace));
         let mut first = None;
         for r in join_all(stops).await {
             if let Err(e) = r {
@@ -161,11 +253,10 @@ pub(super) struct MeshSpec<'a> {
 /// supervisor; if a member fails to start, the others are stopped.
 pub(super) async fn spawn_mesh(
     rt: &Runtime,
-    allocator: &Arc<dyn Allocator>,
-    procs: &Arc<Mutex<Vec<AllocatedProc>>>,
+    slots: &Arc<ProcSlots>,
     on: &[ProcAddr],
     spec: MeshSpec<'_>,
-) -> Result<Arc<super::mesh::MeshShared>, MeshError> {
+) -> Result<Arc<MeshShared>, MeshError> {
     ActorName::new(spec.name)?;
     let mut dims = spec.dims;
     dims.push((MEMBER_DIM.to_owned(), spec.per_proc as usize));
@@ -180,20 +271,20 @@ pub(super) async fn spawn_mesh(
         fanout: rt.config().fanout,
         owner: rt.event_port(),
         generation: Generation(0),
+        token: CastToken::random(),
     };
     info.validate().map_err(MeshError::Encode)?;
     let spawns = on
         .iter()
         .enumerate()
-        .map(|(rank, addr)| spawn_on(rt, &info, rank as u32, &addr.proc, &spec.args));
+        .map(|(rank, addr)| spawn_on(rt, &info, rank as u32, &addr.proc, &spec.args, None));
     let results = join_all(spawns).await;
     let failed = results.into_iter().find_map(Result::err);
     let shared = supervise::start(supervise::Setup {
         rt: rt.clone(),
         info,
         args: spec.args,
-        allocator: allocator.clone(),
-        procs: procs.clone(),
+        slots: slots.clone(),
         options: spec.options,
     });
     if let Some(err) = failed {
@@ -208,8 +299,9 @@ pub(super) async fn spawn_on(
     rt: &Runtime,
     info: &MeshInfo,
     rank: u32,
-    proc: &regent_net::ProcId,
+    proc: &ProcId,
     args: &bytes::Bytes,
+    start: Option<&Restart>,
 ) -> Result<(), MeshError> {
     let reply_to = rt.reply_port();
     let body = rt
@@ -221,6 +313,7 @@ pub(super) async fn spawn_on(
                 info: info.clone(),
                 proc_rank: rank,
                 args: args.clone(),
+                start: start.cloned(),
             },
             &info.name,
         )
@@ -228,11 +321,7 @@ pub(super) async fn spawn_on(
     spawned(body, info, proc)
 }
 
-pub(super) fn spawned(
-    body: ReplyBody,
-    info: &MeshInfo,
-    proc: &regent_net::ProcId,
-) -> Result<(), MeshError> {
+pub(super) fn spawned(body: ReplyBody, info: &MeshInfo, proc: &ProcId) -> Result<(), MeshError> {
     match body {
         ReplyBody::Spawned(Ok(())) | ReplyBody::Updated => Ok(()),
         ReplyBody::Spawned(Err(message)) => Err(MeshError::Spawn {

@@ -1,30 +1,38 @@
 //! The supervisor of one mesh, in the controller: it turns every report
 //! about the mesh — a member's exit from its proc, a proc's exit or host loss
 //! from the allocator, a silent link from the control plane, an escalation
-//! from a mesh this one owns — into one [`MeshFailure`], asks the owner's hook
-//! and the [`MeshMachine`] what to do, and does it: respawn members (on fresh
-//! procs when theirs are gone) or the whole mesh in a new generation, stop,
-//! or escalate.
+//! from a mesh this one owns — into one [`MeshFailure`], tells the
+//! survivors' procs at once, asks the owner (its hooks, or the owning
+//! member) and the [`MeshMachine`] what to do, and does it: respawn members
+//! (on the proc mesh's replacement procs where theirs are gone) or the whole
+//! mesh in a new generation, stop, or escalate.
+//!
+//! The supervisor is itself supervised: if its task panics, the mesh is
+//! stopped and the failure escalates like any other.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::join_all;
 use regent_net::{Generation, ProcId};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use super::mesh::{FailureHook, MeshShared, MeshStatus, SpawnOptions};
-use super::procs::{MeshSpec, spawn_mesh, spawn_on, spawned};
+use super::mesh::{FailureHook, MeshShared, SpawnOptions, SuperviseHook};
+use super::procs::{MeshSpec, ProcSlots, spawn_mesh, spawn_on, spawned};
 use super::{MeshError, Runtime};
-use crate::alloc::{AllocatedProc, Allocator, ProcEvent};
-use crate::policy::{FailureCause, MeshAction, MeshEvent, MeshFailure, MeshMachine};
-use crate::protocol::{MemberExited, MeshId, MeshInfo, ProcCommand, ReplyBody, SpawnChild};
+use crate::alloc::ProcEvent;
+use crate::policy::{FailureCause, MeshAction, MeshEvent, MeshFailure, MeshMachine, MeshStatus};
+use crate::protocol::{
+    MemberExited, MeshId, MeshInfo, ProcCommand, ReplyBody, Restart, SpawnChild,
+};
 use crate::shape::Rank;
 
 /// The bound on queued failure observations per mesh.
 const FAILURES: usize = 256;
+/// How long the owning member may take to decide about a failure.
+const SUPERVISE_WAIT: Duration = Duration::from_secs(10);
 
 /// What reaches a mesh's supervisor.
 #[derive(Debug)]
@@ -59,8 +67,7 @@ pub(crate) struct Setup {
     pub(crate) rt: Runtime,
     pub(crate) info: MeshInfo,
     pub(crate) args: Bytes,
-    pub(crate) allocator: Arc<dyn Allocator>,
-    pub(crate) procs: Arc<Mutex<Vec<AllocatedProc>>>,
+    pub(crate) slots: Arc<ProcSlots>,
     pub(crate) options: SpawnOptions,
 }
 
@@ -69,50 +76,137 @@ struct Supervisor {
     shared: Arc<MeshShared>,
     machine: MeshMachine,
     args: Bytes,
-    allocator: Arc<dyn Allocator>,
-    procs: Arc<Mutex<Vec<AllocatedProc>>>,
+    slots: Arc<ProcSlots>,
     hook: Option<FailureHook>,
+    supervise: Option<SuperviseHook>,
     owner: Option<(MeshId, Rank)>,
-    /// Procs of this mesh known to be gone (or unreachable).
-    dead: HashSet<ProcId>,
-    rx: mpsc::UnboundedReceiver<Signal>,
+    rx: mpsc::Receiver<Signal>,
     /// Signals taken from `rx` during a restart that are not failures (stop
     /// requests, spawn requests): handled once the restart is over.
     backlog: std::collections::VecDeque<Signal>,
 }
 
+/// The bound of a mesh supervisor's queue: every signal is a report about
+/// a member life, a proc, a link or an owned mesh, or a request, so at any
+/// time fewer are pending than a few per member and proc.
+fn queue_bound(info: &MeshInfo) -> usize {
+    4 * (info.members() as usize + info.proc_count() as usize) + 64
+}
+
 /// Starts a mesh's supervisor; returns what its references share.
 pub(crate) fn start(setup: Setup) -> Arc<MeshShared> {
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::channel(queue_bound(&setup.info));
     let id = setup.info.id;
-    let members = setup.info.shape.len();
-    let machine = MeshMachine::new(setup.info.name.clone(), setup.options.policy, members);
+    let machine = MeshMachine::new(
+        setup.options.policy,
+        setup.info.proc_count(),
+        setup.info.per_proc,
+    );
     let shared = Arc::new(MeshShared {
         id,
         info: RwLock::new(Arc::new(setup.info)),
         status: watch::channel(MeshStatus::Running).0,
         failures: broadcast::channel(FAILURES).0,
         supervisor: tx,
+        caster: setup.rt.caster().clone(),
+        timeout: setup.rt.config().call_timeout,
     });
     setup.rt.register_mesh(shared.clone());
     if let Some((parent, rank)) = setup.options.owner {
         setup.rt.adopt(parent, rank.0, id);
     }
     let s = Supervisor {
-        rt: setup.rt,
+        rt: setup.rt.clone(),
         shared: shared.clone(),
         machine,
         args: setup.args,
-        allocator: setup.allocator,
-        procs: setup.procs,
+        slots: setup.slots,
         hook: setup.options.hook,
+        supervise: setup.options.supervise,
         owner: setup.options.owner,
-        dead: HashSet::new(),
         rx,
         backlog: std::collections::VecDeque::new(),
     };
-    tokio::spawn(s.run());
+    let task = tokio::spawn(s.run());
+    tokio::spawn(watch_supervisor(
+        setup.rt,
+        shared.clone(),
+        setup.options.owner,
+        task,
+    ));
     shared
+}
+
+/// If a mesh's supervisor task dies (a panic in it or in a hook it runs),
+/// the mesh is not left unsupervised: its members are stopped, its status
+/// becomes final, and the failure escalates to its owner.
+async fn watch_supervisor(
+    rt: Runtime,
+    shared: Arc<MeshShared>,
+    owner: Option<(MeshId, Rank)>,
+    task: tokio::task::JoinHandle<()>,
+) {
+    let Err(e) = task.await else { return };
+    let why = if e.is_panic() {
+        let payload = e.into_panic();
+        let message = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "a panic without a message".into());
+        format!("its supervisor panicked: {message}")
+    } else {
+        "its supervisor task was cancelled".to_owned()
+    };
+    let info = shared.info();
+    let failure = MeshFailure {
+        mesh: info.name.clone(),
+        ranks: (0..info.members()).map(Rank).collect(),
+        cause: FailureCause::Supervisor(why),
+        generation: info.generation,
+    };
+    tracing::error!(%failure, "mesh supervisor died; stopping the mesh and escalating");
+    shared
+        .status
+        .send_replace(MeshStatus::Escalated(failure.clone()));
+    rt.stop_owned(info.id, None).await;
+    rt.unregister_mesh(info.id);
+    for addr in info.procs.iter().rev() {
+        if rt.is_lost(&addr.proc) {
+            continue;
+        }
+        let reply_to = rt.reply_port();
+        let mesh = info.id;
+        let _ = rt
+            .request(
+                &addr.proc,
+                |call| ProcCommand::Stop {
+                    call,
+                    reply_to,
+                    mesh,
+                },
+                &info.name,
+            )
+            .await;
+    }
+    escalate(&rt, owner, failure);
+}
+
+/// Passes a failure to the owner's mesh (as a failure of the owning
+/// member), or stops the job at the root.
+fn escalate(rt: &Runtime, owner: Option<(MeshId, Rank)>, failure: MeshFailure) {
+    if let Some((parent, rank)) = owner
+        && rt.signal_mesh(
+            parent,
+            Signal::Escalated {
+                rank,
+                failure: failure.clone(),
+            },
+        )
+    {
+        return;
+    }
+    rt.fail_job(failure);
 }
 
 impl Supervisor {
@@ -140,10 +234,10 @@ impl Supervisor {
                 }
                 Signal::SpawnChild(request) => self.spawn_child(request).await,
                 other => {
-                    let Some(failure) = self.failure_of(other) else {
+                    let Some((failure, lost)) = self.failure_of(other) else {
                         continue;
                     };
-                    let actions = self.decide(failure);
+                    let actions = self.decide(failure, lost).await;
                     if self.perform(actions).await {
                         return;
                     }
@@ -155,9 +249,9 @@ impl Supervisor {
     /// Decides on every failure reported while a restart was going on (a
     /// proc may have been lost meanwhile: its report is queued before the
     /// runtime marks it lost, so it is here), so that each is published,
-    /// asked of the hook and counted, and the next restart replaces what was
-    /// lost; other signals wait for the restart to be over.
-    fn take_reports(&mut self) -> Vec<MeshAction> {
+    /// asked of the owner and counted, and the next restart replaces what
+    /// was lost; other signals wait for the restart to be over.
+    async fn take_reports(&mut self) -> Vec<MeshAction> {
         let mut actions = Vec::new();
         while let Ok(signal) = self.rx.try_recv() {
             match signal {
@@ -165,8 +259,8 @@ impl Supervisor {
                     self.backlog.push_back(s)
                 }
                 other => {
-                    if let Some(failure) = self.failure_of(other) {
-                        actions.extend(self.decide(failure));
+                    if let Some((failure, lost)) = self.failure_of(other) {
+                        actions.extend(self.decide(failure, lost).await);
                     }
                 }
             }
@@ -182,30 +276,46 @@ impl Supervisor {
             match action {
                 MeshAction::RestartMembers {
                     ranks,
+                    replace,
                     generation,
                     delay,
-                    ..
+                    sources,
+                    cause,
                 } => {
                     self.shared.status.send_replace(MeshStatus::Restarting);
                     // The meshes the failed members owned go with them.
-                    let owners: Vec<u32> = ranks.iter().map(|r| r.0).collect();
-                    self.rt.stop_owned(self.shared.id, Some(&owners)).await;
+                    self.rt.stop_owned(self.shared.id, Some(&ranks)).await;
                     tokio::time::sleep(delay).await;
-                    let r = self.restart_members(&ranks, generation).await;
+                    let restart = Restart {
+                        generation,
+                        ranks: ranks.iter().map(|r| r.0).collect(),
+                        cause,
+                        sources: sources.iter().map(|(a, b)| (a.0, b.0)).collect(),
+                    };
+                    let r = self.restart_members(&replace, restart).await;
                     self.after_restart(r, ranks, generation, &mut actions).await;
-                    actions.extend(self.take_reports());
+                    actions.extend(self.take_reports().await);
                 }
-                MeshAction::RestartMesh { generation, delay } => {
+                MeshAction::RestartMesh {
+                    replace,
+                    generation,
+                    delay,
+                    cause,
+                } => {
                     self.shared.status.send_replace(MeshStatus::Restarting);
                     self.rt.stop_owned(self.shared.id, None).await;
                     self.stop_members().await;
                     tokio::time::sleep(delay).await;
-                    let r = self.restart_mesh(generation).await;
-                    let all = (0..self.shared.info().shape.len() as u32)
-                        .map(Rank)
-                        .collect();
+                    let all: Vec<Rank> = (0..self.shared.info().members()).map(Rank).collect();
+                    let restart = Restart {
+                        generation,
+                        ranks: all.iter().map(|r| r.0).collect(),
+                        cause,
+                        sources: Vec::new(),
+                    };
+                    let r = self.restart_mesh(&replace, restart).await;
                     self.after_restart(r, all, generation, &mut actions).await;
-                    actions.extend(self.take_reports());
+                    actions.extend(self.take_reports().await);
                 }
                 MeshAction::Stop { failure } => {
                     self.stop_members().await;
@@ -216,7 +326,7 @@ impl Supervisor {
                     tracing::error!(%failure, exhausted, "mesh escalates");
                     self.stop_members().await;
                     self.finish(MeshStatus::Escalated(failure.clone())).await;
-                    self.escalate(failure);
+                    escalate(&self.rt, self.owner, failure);
                     return true;
                 }
             }
@@ -224,7 +334,7 @@ impl Supervisor {
         false
     }
 
-    /// Ends a restart; a failed one is reported (to observers, the hook and
+    /// Ends a restart; a failed one is reported (to observers, the owner and
     /// the machine) as a start failure of the restarted ranks in the new
     /// generation.
     async fn after_restart(
@@ -243,6 +353,7 @@ impl Supervisor {
             }
             Err(e) => {
                 let message = e.to_string();
+                tracing::warn!(mesh = %self.shared.info().name, error = %message, "restart failed");
                 actions.extend(
                     self.machine
                         .handle(now, MeshEvent::Restarted(Err(message.clone()))),
@@ -253,18 +364,96 @@ impl Supervisor {
                     cause: FailureCause::StartFailed(message),
                     generation,
                 };
-                actions.extend(self.decide(failure));
+                actions.extend(self.decide(failure, Vec::new()).await);
             }
         }
     }
 
-    /// Publishes a failure, asks the hook, and asks the machine.
-    fn decide(&mut self, failure: MeshFailure) -> Vec<MeshAction> {
+    /// Publishes a failure, tells the survivors' procs, asks the owner, and
+    /// asks the machine.
+    async fn decide(&mut self, failure: MeshFailure, lost: Vec<u32>) -> Vec<MeshAction> {
         tracing::warn!(%failure, "mesh failure");
         let _ = self.shared.failures.send(failure.clone());
-        let decision = self.hook.as_ref().and_then(|h| h(&failure));
-        let event = MeshEvent::Failed { failure, decision };
+        self.tell_failed(&failure, &lost);
+        let mut decision = self.hook.as_ref().and_then(|h| h(&failure));
+        if decision.is_none()
+            && let Some(supervise) = &self.supervise
+        {
+            decision = supervise(failure.clone()).await;
+        }
+        if decision.is_none() {
+            decision = self.ask_owner(&failure).await;
+        }
+        let event = MeshEvent::Failed {
+            failure,
+            lost,
+            decision,
+        };
         self.machine.handle(Instant::now(), event)
+    }
+
+    /// Tells every live proc of the mesh (and the owning member's proc)
+    /// about a failure at once, so that work with the failed ranks ends and
+    /// casts route around a lost proc. Not awaited.
+    fn tell_failed(&self, failure: &MeshFailure, lost: &[u32]) {
+        let info = self.shared.info();
+        let lost_procs: Vec<ProcId> = lost
+            .iter()
+            .filter_map(|&p| info.procs.get(p as usize))
+            .map(|a| a.proc.clone())
+            .collect();
+        let mut to: Vec<ProcId> = info
+            .procs
+            .iter()
+            .map(|a| a.proc.clone())
+            .filter(|p| !self.rt.is_lost(p) && !lost_procs.contains(p))
+            .collect();
+        if let Some(owner) = self.owner_proc() {
+            to.push(owner);
+        }
+        to.sort();
+        to.dedup();
+        let rt = self.rt.clone();
+        let cmd = ProcCommand::Failed {
+            mesh: info.id,
+            failure: failure.clone(),
+            lost: lost_procs,
+        };
+        tokio::spawn(async move {
+            join_all(to.iter().map(|p| rt.tell(p, cmd.clone()))).await;
+        });
+    }
+
+    /// The proc of the member that owns this mesh, if a member does.
+    fn owner_proc(&self) -> Option<ProcId> {
+        let (parent, rank) = self.owner?;
+        let parent = self.rt.mesh_info(parent)?;
+        parent
+            .procs
+            .get((rank.0 / parent.per_proc) as usize)
+            .map(|a| a.proc.clone())
+    }
+
+    /// Asks the member that owns this mesh (if one does) what to do.
+    async fn ask_owner(&self, failure: &MeshFailure) -> Option<Decision> {
+        let (parent, rank) = self.owner?;
+        let proc = self.owner_proc()?;
+        let reply_to = self.rt.reply_port();
+        let ask = self.rt.request(
+            &proc,
+            |call| ProcCommand::Supervise {
+                call,
+                reply_to,
+                owner: parent,
+                rank: rank.0,
+                failure: failure.clone(),
+            },
+            "asking the owning member",
+        );
+        match tokio::time::timeout(SUPERVISE_WAIT, ask).await {
+            Ok(Ok(ReplyBody::Decided(d))) => d,
+            _ => None,
+        }
     }
 
     /// Ends the mesh: what it owns stops first, then its status is final
@@ -279,13 +468,7 @@ impl Supervisor {
     /// Tells the proc of the member that owns this mesh (if a member does)
     /// about its new generation, or that it is gone.
     async fn tell_owner(&self, gone: bool) {
-        let Some((parent, rank)) = self.owner else {
-            return;
-        };
-        let Some(parent) = self.rt.mesh_info(parent) else {
-            return;
-        };
-        let Some(addr) = parent.procs.get((rank.0 / parent.per_proc) as usize) else {
+        let Some(proc) = self.owner_proc() else {
             return;
         };
         let info = self.shared.info();
@@ -296,14 +479,14 @@ impl Supervisor {
                 info: (*info).clone(),
             }
         };
-        self.rt.tell(&addr.proc, cmd).await;
+        self.rt.tell(&proc, cmd).await;
     }
 
     /// Spawns a mesh owned by one of this mesh's members, on this mesh's
     /// procs, and answers the member's proc.
     async fn spawn_child(&mut self, request: SpawnChild) {
         let info = self.shared.info();
-        let result = if request.rank >= info.shape.len() as u32 {
+        let result = if request.rank >= info.members() {
             Err(format!(
                 "no member of rank {} in {}",
                 request.rank, info.name
@@ -324,10 +507,11 @@ impl Supervisor {
                 options: SpawnOptions {
                     policy: request.policy.into(),
                     hook: None,
+                    supervise: None,
                     owner: Some((info.id, Rank(request.rank))),
                 },
             };
-            match spawn_mesh(&self.rt, &self.allocator, &self.procs, &info.procs, spec).await {
+            match spawn_mesh(&self.rt, &self.slots, &info.procs, spec).await {
                 Ok(child) => Ok((*child.info()).clone()),
                 Err(e) => Err(e.to_string()),
             }
@@ -344,68 +528,48 @@ impl Supervisor {
             .await;
     }
 
-    fn escalate(&self, failure: MeshFailure) {
-        if let Some((parent, rank)) = self.owner
-            && self.rt.signal_mesh(
-                parent,
-                Signal::Escalated {
-                    rank,
-                    failure: failure.clone(),
-                },
-            )
-        {
-            return;
-        }
-        self.rt.fail_job(failure);
-    }
-
-    /// The proc rank of `proc` in the current generation, if it is ours and
-    /// not already known gone.
+    /// The proc rank of `proc` in the current generation, if it is ours.
     fn proc_rank(&self, info: &MeshInfo, proc: &ProcId) -> Option<u32> {
-        if self.dead.contains(proc) {
-            return None;
-        }
-        info.procs
-            .iter()
-            .position(|a| &a.proc == proc)
-            .map(|p| p as u32)
+        info.proc_rank(proc)
     }
 
-    /// Marks a proc gone: no lease, in-flight calls through it fail now.
-    fn lose(&mut self, info: &MeshInfo, proc: &ProcId, rank: u32, why: &str) {
-        self.dead.insert(proc.clone());
-        self.rt.abandon(proc);
-        self.rt.pending().lose_proc(info.id, rank, why);
-    }
-
+    /// A proc of this mesh is gone: no lease, in-flight calls through it
+    /// fail now; the failure of all its members.
     fn proc_failure(
         &mut self,
         info: &MeshInfo,
         proc: &ProcId,
         cause: FailureCause,
-    ) -> Option<MeshFailure> {
+    ) -> Option<(MeshFailure, Vec<u32>)> {
         let rank = self.proc_rank(info, proc)?;
-        self.lose(info, proc, rank, &cause.to_string());
+        self.rt.abandon(proc);
+        self.rt
+            .pending()
+            .lose_proc(info.id, rank, &cause.to_string());
         let first = rank * info.per_proc;
-        Some(MeshFailure {
+        let failure = MeshFailure {
             mesh: info.name.clone(),
             ranks: (first..first + info.per_proc).map(Rank).collect(),
             cause,
             // The proc was alive in the current generation: every life on it
             // is current.
             generation: info.generation,
-        })
+        };
+        Some((failure, vec![rank]))
     }
 
-    fn failure_of(&mut self, signal: Signal) -> Option<MeshFailure> {
+    fn failure_of(&mut self, signal: Signal) -> Option<(MeshFailure, Vec<u32>)> {
         let info = self.shared.info();
         match signal {
-            Signal::Member(e) if e.mesh == info.id => Some(MeshFailure {
-                mesh: info.name.clone(),
-                ranks: vec![Rank(e.rank)],
-                cause: e.cause,
-                generation: e.generation,
-            }),
+            Signal::Member(e) if e.mesh == info.id => Some((
+                MeshFailure {
+                    mesh: info.name.clone(),
+                    ranks: vec![Rank(e.rank)],
+                    cause: e.cause,
+                    generation: e.generation,
+                },
+                Vec::new(),
+            )),
             Signal::Member(_) => None,
             Signal::Proc(ProcEvent::Exited { proc, status }) => self.proc_failure(
                 &info,
@@ -416,20 +580,25 @@ impl Supervisor {
                 },
             ),
             Signal::Proc(ProcEvent::HostLost { host, procs }) => {
-                let mut failure: Option<MeshFailure> = None;
+                // One failure for all the host's procs: one restart replaces
+                // them all.
+                let mut all: Option<(MeshFailure, Vec<u32>)> = None;
                 for proc in procs {
                     let cause = FailureCause::HostLost {
                         host: host.clone(),
                         proc: proc.clone(),
                     };
-                    if let Some(f) = self.proc_failure(&info, &proc, cause) {
-                        match &mut failure {
-                            Some(all) => all.ranks.extend(f.ranks),
-                            None => failure = Some(f),
+                    if let Some((f, lost)) = self.proc_failure(&info, &proc, cause) {
+                        match &mut all {
+                            Some((first, all_lost)) => {
+                                first.ranks.extend(f.ranks);
+                                all_lost.extend(lost);
+                            }
+                            None => all = Some((f, lost)),
                         }
                     }
                 }
-                failure
+                all
             }
             Signal::Link { proc, detail } => {
                 let cause = FailureCause::LinkFailed {
@@ -438,72 +607,63 @@ impl Supervisor {
                 };
                 self.proc_failure(&info, &proc, cause)
             }
-            Signal::Escalated { rank, failure } => Some(MeshFailure {
-                mesh: info.name.clone(),
-                ranks: vec![rank],
-                cause: FailureCause::Escalated(Box::new(failure)),
-                generation: info.generation,
-            }),
+            Signal::Escalated { rank, failure } => Some((
+                MeshFailure {
+                    mesh: info.name.clone(),
+                    ranks: vec![rank],
+                    cause: FailureCause::Escalated(Box::new(failure)),
+                    generation: info.generation,
+                },
+                Vec::new(),
+            )),
             Signal::Stop | Signal::StopRequested(_) | Signal::SpawnChild(_) => None,
         }
     }
 
-    /// Starts fresh procs for the proc ranks whose procs are gone, and puts
-    /// them into `info`; returns those proc ranks with their new procs.
-    async fn replace_dead(
-        &mut self,
+    /// Puts fresh procs (from the proc mesh's slots) in `info` for the proc
+    /// ranks in `replace`; returns those ranks.
+    async fn replace(
+        &self,
         info: &mut MeshInfo,
-    ) -> Result<Vec<(u32, AllocatedProc)>, MeshError> {
-        // Only procs whose loss this supervisor has decided on: a loss it has
-        // not seen yet makes this restart fail fast (requests to a lost proc
-        // do), and is then decided on like any failure (`take_reports`).
-        let gone: Vec<u32> = info
-            .procs
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| self.dead.contains(&a.proc))
-            .map(|(i, _)| i as u32)
-            .collect();
-        if gone.is_empty() {
-            return Ok(Vec::new());
+        replace: &[u32],
+    ) -> Result<HashSet<u32>, MeshError> {
+        let mut fresh = HashSet::new();
+        for &p in replace {
+            let Some(dead) = info.procs.get(p as usize).map(|a| a.proc.clone()) else {
+                continue;
+            };
+            let proc = self.slots.replace(p, &dead).await?;
+            info.procs[p as usize] = proc.addr.clone();
+            fresh.insert(p);
         }
-        let fresh = self.rt.allocate(&self.allocator, gone.len()).await?;
-        self.procs
-            .lock()
-            .expect("procs lock")
-            .extend(fresh.iter().cloned());
-        let mut replaced = Vec::with_capacity(gone.len());
-        for (rank, proc) in gone.into_iter().zip(fresh) {
-            tracing::info!(mesh = %info.name, proc_rank = rank, proc = %proc.proc, "fresh proc replaces a lost one");
-            info.procs[rank as usize] = proc.addr.clone();
-            replaced.push((rank, proc));
-        }
-        Ok(replaced)
+        Ok(fresh)
     }
 
-    /// Respawns `ranks` in `generation`, on fresh procs where theirs are
-    /// gone, and enrolls every other member in the new generation.
+    /// Respawns the restarted ranks in the new generation, on fresh procs
+    /// where theirs are gone, and enrolls every other member in it (telling
+    /// the survivors what changed).
     async fn restart_members(
         &mut self,
-        ranks: &[Rank],
-        generation: Generation,
+        replace: &[u32],
+        restart: Restart,
     ) -> Result<(), MeshError> {
         let mut info = (*self.shared.info()).clone();
-        info.generation = generation;
-        let replaced = self.replace_dead(&mut info).await?;
+        info.generation = restart.generation;
+        let fresh = self.replace(&mut info, replace).await?;
         let mut by_proc: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for r in ranks {
-            by_proc.entry(r.0 / info.per_proc).or_default().push(r.0);
+        for &r in &restart.ranks {
+            by_proc.entry(r / info.per_proc).or_default().push(r);
         }
-        let fresh: HashSet<u32> = replaced.iter().map(|(r, _)| *r).collect();
         let rt = &self.rt;
         let args = &self.args;
         let info_ref = &info;
+        let restart_ref = &restart;
         // New procs get all their members; live procs respawn their failed
         // ranks; every other proc enrolls in the new generation.
-        let spawns = replaced
-            .iter()
-            .map(|(rank, proc)| spawn_on(rt, info_ref, *rank, &proc.proc, args));
+        let spawns = fresh.iter().map(|&rank| {
+            let proc = info_ref.procs[rank as usize].proc.clone();
+            async move { spawn_on(rt, info_ref, rank, &proc, args, Some(restart_ref)).await }
+        });
         let mut updates = Vec::new();
         for (rank, addr) in info.procs.iter().enumerate() {
             let rank = rank as u32;
@@ -524,11 +684,13 @@ impl Supervisor {
                                 info: info_ref.clone(),
                                 ranks,
                                 args: args.clone(),
+                                restart: restart_ref.clone(),
                             },
                             None => ProcCommand::Update {
                                 call,
                                 reply_to,
                                 info: info_ref.clone(),
+                                restart: Some(restart_ref.clone()),
                             },
                         },
                         &info_ref.name,
@@ -543,19 +705,19 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Respawns every member in `generation` (they were stopped), on fresh
-    /// procs where theirs are gone.
-    async fn restart_mesh(&mut self, generation: Generation) -> Result<(), MeshError> {
+    /// Respawns every member in the new generation (they were stopped), on
+    /// fresh procs where theirs are gone.
+    async fn restart_mesh(&mut self, replace: &[u32], restart: Restart) -> Result<(), MeshError> {
         let mut info = (*self.shared.info()).clone();
-        info.generation = generation;
-        self.replace_dead(&mut info).await?;
+        info.generation = restart.generation;
+        self.replace(&mut info, replace).await?;
         let rt = &self.rt;
         let args = &self.args;
         let spawns = info
             .procs
             .iter()
             .enumerate()
-            .map(|(rank, a)| spawn_on(rt, &info, rank as u32, &a.proc, args));
+            .map(|(rank, a)| spawn_on(rt, &info, rank as u32, &a.proc, args, Some(&restart)));
         let results = join_all(spawns).await;
         *self.shared.info.write().expect("mesh info lock") = Arc::new(info);
         results.into_iter().collect::<Result<Vec<()>, _>>()?;
@@ -567,7 +729,7 @@ impl Supervisor {
     async fn stop_members(&self) {
         let info = self.shared.info();
         for addr in info.procs.iter().rev() {
-            if self.dead.contains(&addr.proc) || self.rt.is_lost(&addr.proc) {
+            if self.rt.is_lost(&addr.proc) {
                 continue;
             }
             let reply_to = self.rt.reply_port();
@@ -590,3 +752,5 @@ impl Supervisor {
         }
     }
 }
+
+use crate::policy::Decision;

@@ -90,7 +90,7 @@ async fn call_gather(
         }
         sequential.push(t.elapsed());
     }
-    mesh.stop().await;
+    mesh.stop().await.unwrap();
     report.push(
         Figure::new(
             SUITE,
@@ -158,7 +158,7 @@ async fn controller_frames(report: &mut Report, proc_counts: &[usize]) -> anyhow
         let before = rt.frames_sent();
         let casts = 10;
         for _ in 0..casts {
-            mesh.cast(&Selection::All, &1).await?;
+            mesh.cast(&Selection::All, &1).await?.into_result()?;
         }
         let per_cast = (rt.frames_sent() - before) as f64 / f64::from(casts);
         report.push(Figure::new(

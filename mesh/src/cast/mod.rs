@@ -1,0 +1,342 @@
+//! Casts and calls through cast trees, shared by every side that roots one:
+//! the controller (for the meshes it owns) and members (for their own mesh
+//! and the meshes they own or were given).
+//!
+//! - [`Caster`]: the root of one sender's casts. Frames are dispatched by one
+//!   task in the order they were handed over, so casts from one sender keep
+//!   their order at every member however many are in flight; results are
+//!   collected beside it.
+//! - The outcome of every operation lists what succeeded and what failed the
+//!   same way: [`Delivered`] (a cast), [`ValueMesh`] (a call), [`Reduced`] (a
+//!   reduction) — each with `failed()`, `is_complete()` and `into_result()`.
+//! - [`node`]: one node of a tree (forward, deliver, collect).
+
+pub(crate) mod node;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{MemberError, MembersFailed, MeshError};
+use crate::fabric::{Fabric, Pending};
+use crate::protocol::{CastFrame, Collect, Contribution, MeshInfo, ReplyTo, decode, encode};
+use crate::selection::Selection;
+use crate::shape::{Rank, Shape};
+
+/// How many casts one sender may have handed to its caster and not yet
+/// dispatched; more wait (in order).
+const QUEUED_CASTS: usize = 1024;
+
+/// Bytes a cast frame needs beyond its payload (selection, view, lost procs
+/// and the envelope), checked against the frame limit before sending.
+const FRAME_HEADROOM_BYTES: usize = 4096;
+
+struct Job {
+    info: Arc<MeshInfo>,
+    frame: CastFrame,
+    done: Option<oneshot::Sender<Contribution>>,
+}
+
+/// The root of one sender's casts (see the module docs). Cheap to share.
+pub(crate) struct Caster {
+    jobs: mpsc::Sender<Job>,
+    fabric: Arc<dyn Fabric>,
+    origin: regent_net::ActorId,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Caster {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Caster {
+    /// A caster sending as `origin` through `fabric`; its task runs on the
+    /// current runtime.
+    pub(crate) fn start(
+        fabric: Arc<dyn Fabric>,
+        pending: Arc<Pending>,
+        origin: regent_net::ActorId,
+    ) -> Self {
+        let (jobs, rx) = mpsc::channel(QUEUED_CASTS);
+        let task = tokio::spawn(run_caster(fabric.clone(), pending, rx));
+        Self {
+            jobs,
+            fabric,
+            origin,
+            task,
+        }
+    }
+
+    /// The actor casts are sent as.
+    pub(crate) fn origin(&self) -> &regent_net::ActorId {
+        &self.origin
+    }
+
+    /// Hands a frame over; with `wait`, returns what came back from the tree.
+    /// Frames handed over from one task go out in that order.
+    pub(crate) async fn cast(
+        &self,
+        info: Arc<MeshInfo>,
+        mut frame: CastFrame,
+        wait: bool,
+    ) -> Result<Option<Contribution>, MeshError> {
+        frame.lost = self.fabric.lost().ranks_of(&info);
+        let max = self.fabric.max_frame_bytes();
+        if frame.payload.len().saturating_add(FRAME_HEADROOM_BYTES) > max {
+            return Err(MeshError::TooLarge {
+                bytes: frame.payload.len(),
+                max_frame_bytes: max,
+            });
+        }
+        let (done, answer) = if wait {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        // At the root, `reply` only says whether results are wanted.
+        frame.reply = wait.then(|| ReplyTo {
+            port: self.fabric.reply_port(),
+            call: u64::MAX,
+        });
+        let name = info.name.clone();
+        self.jobs
+            .send(Job { info, frame, done })
+            .await
+            .map_err(|_| MeshError::Stopped(name.clone()))?;
+        match answer {
+            None => Ok(None),
+            Some(rx) => rx.await.map(Some).map_err(|_| MeshError::Stopped(name)),
+        }
+    }
+}
+
+async fn run_caster(fabric: Arc<dyn Fabric>, pending: Arc<Pending>, mut jobs: mpsc::Receiver<Job>) {
+    while let Some(job) = jobs.recv().await {
+        let d = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.frame, None).await;
+        if let Some(done) = job.done {
+            let pending = pending.clone();
+            tokio::spawn(async move {
+                let c = node::collect(&pending, d).await;
+                let _ = done.send(c);
+            });
+        }
+    }
+}
+
+/// The frame that casts `msg` to `selection` of `view` (the whole mesh when
+/// `None`) with `timeout` to spend. The selection is checked here, so that
+/// procs never see one that does not bind.
+pub(crate) fn frame<M: Serialize>(
+    info: &MeshInfo,
+    view: Option<&Shape>,
+    origin: regent_net::ActorId,
+    selection: &Selection,
+    msg: &M,
+    collect: Collect,
+    timeout: Duration,
+) -> Result<CastFrame, MeshError> {
+    let view = view.cloned().unwrap_or_else(|| info.shape.clone());
+    selection.bind(&view, 0)?;
+    Ok(CastFrame {
+        mesh: info.id,
+        generation: info.generation,
+        token: info.token,
+        origin,
+        view,
+        selection: selection.clone(),
+        seed: rand_seed(),
+        procs: (0, info.proc_count()),
+        per_proc: info.per_proc,
+        lost: Vec::new(),
+        payload: encode(msg).map_err(MeshError::Encode)?,
+        reply: None,
+        collect,
+        budget_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+    })
+}
+
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::Instant::now())
+}
+
+fn failures(failed: Vec<(u32, MemberError)>) -> Vec<(Rank, MemberError)> {
+    failed.into_iter().map(|(r, e)| (Rank(r), e)).collect()
+}
+
+/// What a cast did: how many selected members have the message in their
+/// mailbox, and which could not be reached, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a cast may reach only some members: check `failed()` or call `into_result()`"]
+pub struct Delivered {
+    delivered: u32,
+    failed: Vec<(Rank, MemberError)>,
+}
+
+impl Delivered {
+    pub(crate) fn from(c: Contribution) -> Self {
+        Self {
+            delivered: c.ok,
+            failed: failures(c.failed),
+        }
+    }
+
+    /// How many members have the message.
+    pub fn delivered(&self) -> u32 {
+        self.delivered
+    }
+
+    /// Members that could not be reached, by rank.
+    pub fn failed(&self) -> &[(Rank, MemberError)] {
+        &self.failed
+    }
+
+    /// Whether every selected member has the message.
+    pub fn is_complete(&self) -> bool {
+        self.failed.is_empty()
+    }
+
+    /// `Ok` if every selected member has the message.
+    pub fn into_result(self) -> Result<u32, MembersFailed> {
+        if self.failed.is_empty() {
+            Ok(self.delivered)
+        } else {
+            Err(MembersFailed {
+                failed: self.failed,
+            })
+        }
+    }
+}
+
+/// Replies of a call, by rank, and the members that did not reply.
+#[derive(Debug, Clone)]
+#[must_use = "a call may be answered by only some members: check `failed()` or call `into_result()`"]
+pub struct ValueMesh<R> {
+    shape: Shape,
+    values: Vec<(Rank, R)>,
+    failed: Vec<(Rank, MemberError)>,
+}
+
+impl<R> ValueMesh<R> {
+    /// The shape of the view that was called.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The replies, sorted by rank.
+    pub fn values(&self) -> &[(Rank, R)] {
+        &self.values
+    }
+
+    /// The reply of `rank`, if it replied.
+    pub fn get(&self, rank: Rank) -> Option<&R> {
+        self.values
+            .binary_search_by_key(&rank, |(r, _)| *r)
+            .ok()
+            .map(|i| &self.values[i].1)
+    }
+
+    /// Members that did not reply, and why.
+    pub fn failed(&self) -> &[(Rank, MemberError)] {
+        &self.failed
+    }
+
+    /// Whether every selected member replied.
+    pub fn is_complete(&self) -> bool {
+        self.failed.is_empty()
+    }
+
+    /// How many replied.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether none replied.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The replies, or the failures if any member failed.
+    pub fn into_result(self) -> Result<Vec<(Rank, R)>, MembersFailed> {
+        if self.failed.is_empty() {
+            Ok(self.values)
+        } else {
+            Err(MembersFailed {
+                failed: self.failed,
+            })
+        }
+    }
+}
+
+/// What a call returns: the replies of a view of `shape` by rank, and the
+/// members that failed (a reply that does not decode is a failure).
+pub(crate) fn gathered<R: DeserializeOwned>(shape: Shape, c: Contribution) -> ValueMesh<R> {
+    let mut failed = failures(c.failed);
+    let mut values = Vec::with_capacity(c.values.len());
+    for (rank, bytes) in c.values {
+        match decode::<R>(&bytes) {
+            Ok(v) => values.push((Rank(rank), v)),
+            Err(e) => failed.push((Rank(rank), MemberError::BadReply(e))),
+        }
+    }
+    failed.sort_by_key(|(r, _)| *r);
+    ValueMesh {
+        shape,
+        values,
+        failed,
+    }
+}
+
+/// A reduced reply, and the members that did not contribute.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use = "a reduction may lack some members: check `failed` or call `into_result()`"]
+pub struct Reduced<T> {
+    /// The combined value, if any member replied.
+    pub value: Option<T>,
+    /// How many members contributed.
+    pub contributors: u32,
+    /// Members that did not reply, and why.
+    pub failed: Vec<(Rank, MemberError)>,
+}
+
+impl<T> Reduced<T> {
+    /// Members that did not contribute, by rank.
+    pub fn failed(&self) -> &[(Rank, MemberError)] {
+        &self.failed
+    }
+
+    /// Whether every selected member contributed.
+    pub fn is_complete(&self) -> bool {
+        self.failed.is_empty()
+    }
+
+    /// The value if every selected member contributed (and one did).
+    pub fn into_result(self) -> Result<Option<T>, MembersFailed> {
+        if self.failed.is_empty() {
+            Ok(self.value)
+        } else {
+            Err(MembersFailed {
+                failed: self.failed,
+            })
+        }
+    }
+}
+
+/// What a reduction returns.
+pub(crate) fn reduced<T: DeserializeOwned>(c: Contribution) -> Result<Reduced<T>, MeshError> {
+    let value = match c.reduced {
+        Some(bytes) => Some(decode::<T>(&bytes).map_err(MeshError::Encode)?),
+        None => None,
+    };
+    Ok(Reduced {
+        value,
+        contributors: c.ok,
+        failed: failures(c.failed),
+    })
+}

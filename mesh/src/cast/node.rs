@@ -1,0 +1,412 @@
+//! One node of a cast tree: forward a cast to the heads of its subtree's
+//! chunks, deliver it to the selected local members, then gather what comes
+//! back — replies, reductions or failures — until all have answered or the
+//! node's budget runs out, and report one [`Contribution`] to the parent.
+//!
+//! Dispatch (forwarding and local delivery) runs to completion before the
+//! next cast is taken, so casts from one sender keep their order at every
+//! member; collection runs in its own task. A chunk whose head is lost is
+//! routed around: its own members fail at once and its subtree's chunks are
+//! forwarded to directly.
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use ractor::ActorRef;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::error::{EncodedReply, MemberError};
+use crate::fabric::{ChildResult, Fabric, Pending, Waiter};
+use crate::mailbox::MemberMsg;
+use crate::protocol::{CastFrame, Collect, Contribution, MeshInfo, ProcCommand, ReplyTo};
+use crate::reducer;
+use crate::selection::Selected;
+use crate::shape::Rank;
+use crate::tree;
+
+/// The share of its budget a node gives its children, so that they answer
+/// before it gives up on them.
+const CHILD_BUDGET_SHARE: f64 = 0.8;
+
+/// The members of a mesh in this proc, by local index (`None` once gone).
+pub(crate) type LocalMembers = Vec<Option<ActorRef<MemberMsg>>>;
+
+/// A dispatched cast, waiting for its results.
+pub(crate) struct Dispatched {
+    collect: Collect,
+    deadline: Instant,
+    /// Selected ranks of each child's chunk, for reporting a silent child.
+    children: Vec<Vec<u32>>,
+    child_calls: Vec<u64>,
+    results: mpsc::UnboundedReceiver<(usize, ChildResult)>,
+    local: FuturesUnordered<BoxFuture<'static, (u32, EncodedReply)>>,
+    /// Local members whose reply is awaited.
+    local_waiting: HashSet<u32>,
+    acc: Contribution,
+}
+
+impl Dispatched {
+    fn new(
+        collect: Collect,
+        deadline: Instant,
+    ) -> (Self, mpsc::UnboundedSender<(usize, ChildResult)>) {
+        let (tx, results) = mpsc::unbounded_channel();
+        let d = Self {
+            collect,
+            deadline,
+            children: Vec::new(),
+            child_calls: Vec::new(),
+            results,
+            local: FuturesUnordered::new(),
+            local_waiting: HashSet::new(),
+            acc: Contribution::default(),
+        };
+        (d, tx)
+    }
+}
+
+/// The member ranks of a range of procs (checked: validated frames keep
+/// them within `u32`).
+pub(crate) fn member_ranks(per_proc: u32, procs: Range<u32>) -> Range<u32> {
+    procs.start.saturating_mul(per_proc)..procs.end.saturating_mul(per_proc)
+}
+
+fn selected_in(selected: &Selected, ranks: Range<u32>) -> Vec<u32> {
+    ranks.filter(|&r| selected.contains(Rank(r))).collect()
+}
+
+/// Forwards `frame` down the tree and delivers it to `local` (the members of
+/// proc `frame.procs.0`; `None` at the root, which holds no member). With
+/// `replies` false (a fire-and-forget cast at the root), nothing is
+/// registered and children are asked for no result.
+pub(crate) async fn dispatch(
+    fabric: &dyn Fabric,
+    pending: &Pending,
+    info: &MeshInfo,
+    frame: &CastFrame,
+    local: Option<&LocalMembers>,
+) -> Dispatched {
+    let budget = Duration::from_millis(u64::from(frame.budget_ms));
+    let deadline = Instant::now() + budget;
+    let (mut d, tx) = Dispatched::new(frame.collect.clone(), deadline);
+    // At the root, `reply` says whether the caller waits for results.
+    let replies = frame.reply.is_some();
+    let selected = match frame.selection.bind(&frame.view, frame.seed) {
+        Ok(s) => s,
+        Err(e) => {
+            // The sender checks selections before casting; one that fails
+            // here selects nothing.
+            tracing::warn!(error = %e, "cast with a selection that does not bind; nothing selected");
+            return d;
+        }
+    };
+    let (lo, hi) = frame.procs;
+    let mut chunks: Vec<Range<u32>> = match local {
+        Some(_) => tree::children(lo..hi, info.fanout).collect(),
+        None => tree::root_children(info.proc_count(), info.fanout).collect(),
+    };
+    chunks.reverse(); // a stack, taken in order
+    let child_budget = (f64::from(frame.budget_ms) * CHILD_BUDGET_SHARE) as u32;
+    while let Some(chunk) = chunks.pop() {
+        let ranks = member_ranks(info.per_proc, chunk.clone());
+        let chosen = selected_in(&selected, ranks);
+        if chosen.is_empty() {
+            continue;
+        }
+        if frame.lost.contains(&chunk.start) {
+            // Around a lost head: its members fail now, its subtree is
+            // forwarded to directly (in order, before the next chunk).
+            let head = member_ranks(info.per_proc, chunk.start..chunk.start + 1);
+            for r in selected_in(&selected, head) {
+                d.acc
+                    .failed
+                    .push((r, MemberError::NotRunning("proc lost".into())));
+            }
+            let below: Vec<Range<u32>> = tree::children(chunk, info.fanout).collect();
+            chunks.extend(below.into_iter().rev());
+            continue;
+        }
+        let mut child = frame.clone();
+        child.procs = (chunk.start, chunk.end);
+        child.budget_ms = child_budget;
+        let call = replies.then(|| {
+            pending.register(Waiter::Child {
+                results: tx.clone(),
+                index: d.children.len(),
+                head: (frame.mesh, chunk.start),
+            })
+        });
+        child.reply = call.map(|call| ReplyTo {
+            port: fabric.reply_port(),
+            call,
+        });
+        match fabric
+            .command(info, chunk.start, ProcCommand::Cast(child), deadline)
+            .await
+        {
+            Ok(()) => {
+                if let Some(call) = call {
+                    d.children.push(chosen);
+                    d.child_calls.push(call);
+                }
+            }
+            Err(e) => {
+                if let Some(call) = call {
+                    pending.forget(call);
+                }
+                let why = format!("proc unreachable: {e}");
+                d.acc.failed.extend(
+                    chosen
+                        .into_iter()
+                        .map(|r| (r, MemberError::NotRunning(why.clone()))),
+                );
+            }
+        }
+    }
+    if let Some(members) = local {
+        let first = lo.saturating_mul(info.per_proc);
+        for (i, member) in members.iter().enumerate() {
+            let rank = first.saturating_add(i as u32);
+            if !selected.contains(Rank(rank)) {
+                continue;
+            }
+            deliver(&mut d, rank, member.as_ref(), frame, replies);
+        }
+    }
+    d
+}
+
+fn deliver(
+    d: &mut Dispatched,
+    rank: u32,
+    member: Option<&ActorRef<MemberMsg>>,
+    frame: &CastFrame,
+    replies: bool,
+) {
+    let Some(member) = member else {
+        d.acc
+            .failed
+            .push((rank, MemberError::NotRunning("member has exited".into())));
+        return;
+    };
+    let wants_reply = replies && frame.collect != Collect::Ack;
+    let (reply, rx) = if wants_reply {
+        let (tx, rx) = oneshot::channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    match member.send_message(MemberMsg::user(frame.payload.clone(), reply)) {
+        Ok(()) => match rx {
+            None => d.acc.ok += 1,
+            Some(rx) => {
+                d.local_waiting.insert(rank);
+                d.local.push(Box::pin(async move {
+                    let r = rx.await.unwrap_or_else(|_| {
+                        Err(MemberError::NotRunning(
+                            "member failed before it replied".into(),
+                        ))
+                    });
+                    (rank, r)
+                }));
+            }
+        },
+        Err(e) => d.acc.failed.push((
+            rank,
+            MemberError::NotRunning(format!("member mailbox closed: {e}")),
+        )),
+    }
+}
+
+/// Merges one reply or subtree result into the accumulator.
+pub(crate) fn merge(collect: &Collect, acc: &mut Contribution, mut part: Contribution) {
+    acc.failed.append(&mut part.failed);
+    acc.ok = acc.ok.saturating_add(part.ok);
+    match collect {
+        Collect::Ack => {}
+        Collect::Gather => acc.values.append(&mut part.values),
+        Collect::Reduce(name) => {
+            let Some(value) = part.reduced else { return };
+            acc.reduced = Some(match acc.reduced.take() {
+                None => value,
+                Some(prev) => match reducer::reducer(name) {
+                    Some(r) => match r.reduce(&prev, &value) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            tracing::error!(reducer = %name, error = %e, "reducer failed; keeping one side");
+                            prev
+                        }
+                    },
+                    None => {
+                        tracing::error!(reducer = %name, "no such reducer in this proc");
+                        prev
+                    }
+                },
+            });
+        }
+    }
+}
+
+fn local_part(collect: &Collect, rank: u32, reply: EncodedReply) -> Contribution {
+    let mut part = Contribution::default();
+    match reply {
+        Err(e) => part.failed.push((rank, e)),
+        Ok(value) => {
+            part.ok = 1;
+            match collect {
+                Collect::Ack => {}
+                Collect::Gather => part.values.push((rank, value)),
+                Collect::Reduce(_) => part.reduced = Some(value),
+            }
+        }
+    }
+    part
+}
+
+/// Waits for the local replies and the children's results until all are in
+/// or the deadline passes; what is missing then is reported as timed out.
+pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contribution {
+    let mut waiting: Vec<bool> = vec![true; d.children.len()];
+    let mut open_children = waiting.len();
+    let deadline = tokio::time::sleep_until(d.deadline);
+    tokio::pin!(deadline);
+    while open_children > 0 || !d.local.is_empty() {
+        tokio::select! {
+            Some((rank, reply)) = d.local.next(), if !d.local.is_empty() => {
+                d.local_waiting.remove(&rank);
+                let part = local_part(&d.collect, rank, reply);
+                merge(&d.collect, &mut d.acc, part);
+            }
+            Some((index, result)) = d.results.recv(), if open_children > 0 => {
+                if !waiting.get(index).copied().unwrap_or(false) {
+                    continue;
+                }
+                match result {
+                    ChildResult::Part(part) => merge(&d.collect, &mut d.acc, part),
+                    ChildResult::Done(part) => {
+                        waiting[index] = false;
+                        open_children -= 1;
+                        merge(&d.collect, &mut d.acc, part);
+                    }
+                    ChildResult::Lost(why) => {
+                        waiting[index] = false;
+                        open_children -= 1;
+                        // Ranks that already answered (in parts) are not
+                        // failed again.
+                        let answered = answered(&d.acc);
+                        d.acc.failed.extend(
+                            d.children[index]
+                                .iter()
+                                .filter(|r| !answered.contains(r))
+                                .map(|&r| (r, MemberError::NotRunning(format!("proc lost: {why}")))),
+                        );
+                    }
+                }
+            }
+            () = &mut deadline => break,
+        }
+    }
+    // Whatever has not answered by now is reported, not waited for.
+    let answered = answered(&d.acc);
+    for (index, still) in waiting.iter().enumerate() {
+        if *still {
+            pending.forget(d.child_calls[index]);
+            d.acc.failed.extend(
+                d.children[index]
+                    .iter()
+                    .filter(|r| !answered.contains(r))
+                    .map(|&r| (r, MemberError::Timeout)),
+            );
+        }
+    }
+    if !d.local_waiting.is_empty() {
+        tracing::warn!(
+            late = d.local_waiting.len(),
+            "members did not reply within the budget"
+        );
+    }
+    let mut acc = d.acc;
+    acc.failed
+        .extend(d.local_waiting.iter().map(|&r| (r, MemberError::Timeout)));
+    acc.failed.sort_by_key(|(r, _)| *r);
+    acc.values.sort_by_key(|(r, _)| *r);
+    acc
+}
+
+/// The ranks whose values or failures are already in (only gathers split
+/// their results into parts; other collections answer once).
+fn answered(acc: &Contribution) -> HashSet<u32> {
+    acc.values
+        .iter()
+        .map(|(r, _)| *r)
+        .chain(acc.failed.iter().map(|(r, _)| *r))
+        .collect()
+}
+
+/// Bytes a gathered value adds to an encoded [`Contribution`] beyond its own
+/// (rank and length varints).
+const VALUE_OVERHEAD_BYTES: usize = 16;
+/// Room left in every reply frame for the envelope and the reply's other
+/// fields.
+const REPLY_HEADROOM_BYTES: usize = 4096;
+
+/// Splits a subtree's result into parts that each fit a frame of
+/// `max_frame_bytes`: the values are spread over parts, and a value that
+/// alone does not fit becomes a failure of its rank. All parts but the last
+/// carry only values.
+pub(crate) fn split(mut c: Contribution, max_frame_bytes: usize) -> Vec<Contribution> {
+    let room = max_frame_bytes.saturating_sub(REPLY_HEADROOM_BYTES).max(1);
+    let failures_bytes: usize = c
+        .failed
+        .iter()
+        .map(|(_, e)| e.to_string().len() + VALUE_OVERHEAD_BYTES)
+        .sum();
+    let values_bytes: usize = c
+        .values
+        .iter()
+        .map(|(_, v)| v.len() + VALUE_OVERHEAD_BYTES)
+        .sum();
+    let reduced_bytes = c.reduced.as_ref().map_or(0, |v| v.len());
+    if failures_bytes + values_bytes + reduced_bytes <= room {
+        return vec![c];
+    }
+    let mut parts = Vec::new();
+    let mut part = Contribution::default();
+    let mut used = 0;
+    for (rank, value) in std::mem::take(&mut c.values) {
+        let size = value.len() + VALUE_OVERHEAD_BYTES;
+        if size > room {
+            c.failed.push((
+                rank,
+                MemberError::BadReply(format!(
+                    "a reply of {} bytes does not fit a frame (max_frame_bytes = {max_frame_bytes})",
+                    value.len()
+                )),
+            ));
+            c.ok = c.ok.saturating_sub(1);
+            continue;
+        }
+        if used + size > room {
+            parts.push(std::mem::take(&mut part));
+            used = 0;
+        }
+        used += size;
+        part.values.push((rank, value));
+    }
+    if !part.values.is_empty() {
+        parts.push(part);
+    }
+    // The last part carries the count, the failures and the reduction.
+    let mut last = parts.pop().unwrap_or_default();
+    last.ok = c.ok;
+    last.failed = c.failed;
+    last.failed.sort_by_key(|(r, _)| *r);
+    last.reduced = c.reduced;
+    parts.push(last);
+    parts
+}

@@ -1,0 +1,585 @@
+//! The members a proc hosts, per mesh: their lives, the work that starts and
+//! stops them, and the delivery of casts to them.
+//!
+//! Each hosted mesh has two tasks beside the proc's command loop: a worker
+//! that runs spawns, respawns and stops one at a time (so a slow `new` or a
+//! member slow to stop delays nothing else), and a dispatcher that forwards
+//! and delivers the mesh's casts in arrival order. Every life has a watcher
+//! that learns how it ended and, unless it was stopped on purpose (or never
+//! finished starting: its spawn's answer says so), reports the exit to the
+//! mesh's owner — one report per life, sent directly, so none is lost.
+//!
+//! A life is never replaced while it runs: a respawn first stops the old
+//! life (stop, then kill after [`MEMBER_SHUTDOWN`], then [`KILL_WAIT`] for
+//! it to end); a life that still runs then is stuck in code that never
+//! yields, and the proc exits ([`ProcExit::MemberStuck`](super::ProcExit))
+//! instead of starting a second one beside it.
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ractor::ActorRef;
+use regent_net::{Generation, PortId};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{KILL_WAIT, MEMBER_SHUTDOWN};
+use crate::cast::node::{self, LocalMembers};
+use crate::life::{LifeEnd, LifeStart};
+use crate::member::{
+    KnownMesh, Member, MemberInner, MemberMsg, PeersRestarted, ProcServices, StartContext,
+};
+use crate::policy::{FailureCause, MeshFailure};
+use crate::protocol::{
+    CastFrame, Contribution, MemberExited, MeshId, ProcReply, ReplyBody, Restart, names,
+};
+use crate::registry::ActorTypes;
+use crate::shape::Rank;
+
+/// Casts queued for one mesh's dispatcher; more make the command loop wait.
+const QUEUED_CASTS: usize = 1024;
+/// How long the owner's question about an owned mesh's failure may wait for
+/// the owning member's answer.
+const SUPERVISE_WAIT: Duration = Duration::from_secs(10);
+
+const STARTING: u8 = 0;
+const RUNNING: u8 = 1;
+const STOPPING: u8 = 2;
+
+static NEXT_LIFE: AtomicU64 = AtomicU64::new(0);
+
+/// One life of a member.
+#[derive(Clone)]
+struct Life {
+    id: u64,
+    rank: u32,
+    actor: ActorRef<MemberMsg>,
+    /// `STARTING` until `new` returned, `RUNNING`, or `STOPPING` once the
+    /// proc stops it on purpose.
+    phase: Arc<AtomicU8>,
+    /// How it ended, once it has.
+    ended: watch::Receiver<Option<LifeEnd>>,
+}
+
+/// Work for a mesh's worker.
+pub(super) enum MeshOp {
+    Spawn {
+        call: u64,
+        reply_to: PortId,
+        args: Bytes,
+        start: Option<Restart>,
+    },
+    Respawn {
+        call: u64,
+        reply_to: PortId,
+        ranks: Vec<u32>,
+        args: Bytes,
+        restart: Restart,
+    },
+    Stop {
+        call: u64,
+        reply_to: PortId,
+    },
+    Shutdown(oneshot::Sender<()>),
+}
+
+struct Shared {
+    services: Arc<ProcServices>,
+    known: Arc<KnownMesh>,
+    proc_rank: u32,
+    types: ActorTypes,
+    /// The current life of each local member, by local index.
+    slots: Mutex<Vec<Option<Life>>>,
+    /// Lives taken out of their slots by a respawn, to be stopped.
+    retired: Mutex<Vec<Life>>,
+    stuck: mpsc::UnboundedSender<(MeshId, u32)>,
+}
+
+/// A mesh whose members this proc hosts.
+pub(super) struct Hosted {
+    pub(super) known: Arc<KnownMesh>,
+    pub(super) proc_rank: u32,
+    shared: Arc<Shared>,
+    ops: mpsc::UnboundedSender<MeshOp>,
+    casts: mpsc::Sender<CastFrame>,
+    dispatcher: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Hosted {
+    fn drop(&mut self) {
+        self.dispatcher.abort();
+    }
+}
+
+/// Starts the worker and dispatcher of a newly hosted mesh.
+pub(super) fn start_worker(
+    services: Arc<ProcServices>,
+    known: Arc<KnownMesh>,
+    proc_rank: u32,
+    types: ActorTypes,
+    stuck: mpsc::UnboundedSender<(MeshId, u32)>,
+) -> Hosted {
+    let per_proc = known.info().per_proc as usize;
+    let shared = Arc::new(Shared {
+        services,
+        known: known.clone(),
+        proc_rank,
+        types,
+        slots: Mutex::new(vec![None; per_proc]),
+        retired: Mutex::new(Vec::new()),
+        stuck,
+    });
+    // Ops come from the owner, one request at a time per mesh, so this
+    // queue holds a handful at most.
+    let (ops, ops_rx) = mpsc::unbounded_channel();
+    tokio::spawn(run_worker(shared.clone(), ops_rx));
+    let (casts, casts_rx) = mpsc::channel(QUEUED_CASTS);
+    let dispatcher = tokio::spawn(run_dispatcher(shared.clone(), casts_rx));
+    Hosted {
+        known,
+        proc_rank,
+        shared,
+        ops,
+        casts,
+        dispatcher,
+    }
+}
+
+impl Hosted {
+    pub(super) fn submit(&self, op: MeshOp) {
+        // The worker runs until a stop or shutdown, which is the last op.
+        let _ = self.ops.send(op);
+    }
+
+    /// Queues a cast for delivery (in order).
+    pub(super) async fn cast(&self, frame: CastFrame) {
+        if self.casts.send(frame).await.is_err() {
+            tracing::warn!("a cast reached a mesh that is stopping");
+        }
+    }
+
+    /// Takes the lives of `ranks` out of their slots: they get no more
+    /// casts, and the next respawn stops them.
+    pub(super) fn retire(&self, ranks: &[u32], first: u32) {
+        let mut slots = self.shared.slots.lock().expect("slots lock");
+        let mut retired = self.shared.retired.lock().expect("retired lock");
+        for &r in ranks {
+            if let Some(slot) = slots.get_mut((r - first) as usize)
+                && let Some(life) = slot.take()
+            {
+                retired.push(life);
+            }
+        }
+    }
+
+    /// Tells the members that survived a restart what changed.
+    pub(super) fn tell_survivors(&self, restart: &Restart) {
+        let change = PeersRestarted::from(restart);
+        for life in self
+            .shared
+            .slots
+            .lock()
+            .expect("slots lock")
+            .iter()
+            .flatten()
+        {
+            if !restart.ranks.contains(&life.rank) {
+                let _ = life
+                    .actor
+                    .send_message(MemberMsg::PeersRestarted(change.clone()));
+            }
+        }
+    }
+
+    /// Asks the member at `rank` what to do about a failure of a mesh it
+    /// owns; answers the owner.
+    pub(super) fn supervise(&self, rank: u32, failure: MeshFailure, call: u64, reply_to: PortId) {
+        let first = self.proc_rank * self.known.info().per_proc;
+        let life = rank.checked_sub(first).and_then(|i| {
+            self.shared
+                .slots
+                .lock()
+                .expect("slots lock")
+                .get(i as usize)
+                .cloned()
+                .flatten()
+        });
+        let fabric = self.shared.services.fabric.clone();
+        tokio::spawn(async move {
+            let decision = match life {
+                None => None,
+                Some(life) => {
+                    let (tx, rx) = oneshot::channel();
+                    if life
+                        .actor
+                        .send_message(MemberMsg::Supervise { failure, reply: tx })
+                        .is_ok()
+                    {
+                        tokio::time::timeout(SUPERVISE_WAIT, rx)
+                            .await
+                            .ok()
+                            .and_then(Result::ok)
+                            .flatten()
+                    } else {
+                        None
+                    }
+                }
+            };
+            fabric
+                .reply(
+                    reply_to,
+                    ProcReply {
+                        call,
+                        body: ReplyBody::Decided(decision),
+                    },
+                )
+                .await;
+        });
+    }
+}
+
+fn reply(shared: &Shared, port: PortId, call: u64, body: ReplyBody) {
+    let fabric = shared.services.fabric.clone();
+    tokio::spawn(async move { fabric.reply(port, ProcReply { call, body }).await });
+}
+
+async fn run_worker(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<MeshOp>) {
+    while let Some(op) = ops.recv().await {
+        match op {
+            MeshOp::Spawn {
+                call,
+                reply_to,
+                args,
+                start,
+            } => {
+                let info = shared.known.info();
+                let first = shared.proc_rank * info.per_proc;
+                let ranks: Vec<u32> = (first..first + info.per_proc).collect();
+                let r = spawn_lives(&shared, &ranks, &args, start.as_ref()).await;
+                reply(&shared, reply_to, call, ReplyBody::Spawned(r));
+            }
+            MeshOp::Respawn {
+                call,
+                reply_to,
+                ranks,
+                args,
+                restart,
+            } => {
+                let retired = std::mem::take(&mut *shared.retired.lock().expect("retired lock"));
+                let mut r = Ok(());
+                for life in retired {
+                    if let Err(e) = stop_life(&shared, life).await {
+                        r = Err(e);
+                    }
+                }
+                if r.is_ok() {
+                    r = spawn_lives(&shared, &ranks, &args, Some(&restart)).await;
+                }
+                reply(&shared, reply_to, call, ReplyBody::Spawned(r));
+            }
+            MeshOp::Stop { call, reply_to } => {
+                stop_all(&shared).await;
+                reply(&shared, reply_to, call, ReplyBody::Stopped);
+                return;
+            }
+            MeshOp::Shutdown(done) => {
+                stop_all(&shared).await;
+                let _ = done.send(());
+                return;
+            }
+        }
+    }
+}
+
+/// Stops every life, last rank first.
+async fn stop_all(shared: &Shared) {
+    let lives: Vec<Life> = {
+        let mut slots = shared.slots.lock().expect("slots lock");
+        let mut retired = shared.retired.lock().expect("retired lock");
+        let mut lives: Vec<Life> = retired.drain(..).collect();
+        lives.extend(slots.iter_mut().filter_map(Option::take));
+        lives.sort_by_key(|l| std::cmp::Reverse(l.rank));
+        lives
+    };
+    for life in lives {
+        if stop_life(shared, life).await.is_err() {
+            return; // the proc exits: nothing else to stop gracefully
+        }
+    }
+}
+
+/// Stops a life on purpose and waits until it has ended; a life that does
+/// not end after the kill is stuck: the proc is told to exit.
+async fn stop_life(shared: &Shared, life: Life) -> Result<(), String> {
+    life.phase.store(STOPPING, Ordering::SeqCst);
+    let mut ended = life.ended.clone();
+    let done = |ended: &mut watch::Receiver<Option<LifeEnd>>| ended.borrow_and_update().is_some();
+    if done(&mut ended) {
+        return Ok(());
+    }
+    life.actor.stop(None);
+    let wait = |ended: watch::Receiver<Option<LifeEnd>>, bound: Duration| async move {
+        let mut ended = ended;
+        tokio::time::timeout(bound, ended.wait_for(Option::is_some))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    };
+    if wait(ended.clone(), MEMBER_SHUTDOWN).await {
+        return Ok(());
+    }
+    tracing::warn!(
+        rank = life.rank,
+        "a member did not stop within its shutdown; killing it"
+    );
+    life.actor.kill();
+    if wait(ended, KILL_WAIT).await {
+        return Ok(());
+    }
+    let mesh = shared.known.info().id;
+    tracing::error!(
+        rank = life.rank,
+        "a killed member still runs (code that never yields); the proc exits so that it is replaced"
+    );
+    let _ = shared.stuck.send((mesh, life.rank));
+    Err(format!(
+        "member of rank {} is stuck and cannot be stopped",
+        life.rank
+    ))
+}
+
+/// Starts lives for `ranks` (all hosted here) in the mesh's current
+/// generation and waits until each `new` returned; if one fails, the others
+/// are stopped and the first error is returned.
+async fn spawn_lives(
+    shared: &Arc<Shared>,
+    ranks: &[u32],
+    args: &Bytes,
+    restart: Option<&Restart>,
+) -> Result<(), String> {
+    let info = shared.known.info();
+    let services = &shared.services;
+    let actor_type = (shared.types)(&info.actor_type).ok_or_else(|| {
+        format!(
+            "no actor type {:?} is registered in this proc",
+            info.actor_type
+        )
+    })?;
+    let first = shared.proc_rank * info.per_proc;
+    let previous = Generation(info.generation.0.saturating_sub(1));
+    let mut started = Vec::with_capacity(ranks.len());
+    let mut failure = None;
+    for &rank in ranks {
+        let point = match info.shape.point_of(Rank(rank)) {
+            Some(p) => p,
+            None => {
+                failure = Some(format!("rank {rank} outside the shape"));
+                break;
+            }
+        };
+        let member = Member {
+            inner: Arc::new(MemberInner {
+                mesh: info.id,
+                name: info.name.clone(),
+                rank: Rank(rank),
+                point,
+                proc: services.fabric.proc().clone(),
+                start: StartContext::of(rank, info.generation, previous, restart),
+                state: shared.known.state.subscribe(),
+                controller: PortId {
+                    actor: info.owner.actor.clone(),
+                    port: names::SPAWN_PORT,
+                },
+                services: services.clone(),
+            }),
+        };
+        let (started_tx, started_rx) = oneshot::channel();
+        let start = LifeStart {
+            member,
+            args: args.clone(),
+            started: started_tx,
+            own_thread: services.fabric.own_threads(),
+        };
+        let running = match actor_type.spawn(start).await {
+            Ok(r) => r,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        };
+        let phase = Arc::new(AtomicU8::new(STARTING));
+        let (ended_tx, ended) = watch::channel(None);
+        let life = Life {
+            id: NEXT_LIFE.fetch_add(1, Ordering::Relaxed),
+            rank,
+            actor: running.actor,
+            phase: phase.clone(),
+            ended,
+        };
+        let (result_tx, result_rx) = oneshot::channel();
+        tokio::spawn(watch_life(
+            shared.clone(),
+            life.clone(),
+            info.generation,
+            started_rx,
+            result_tx,
+            running.ended,
+            ended_tx,
+        ));
+        shared.slots.lock().expect("slots lock")[(rank - first) as usize] = Some(life.clone());
+        started.push((life, result_rx));
+    }
+    // Every `new` runs at once (each on its own thread); wait for all.
+    let mut lives = Vec::with_capacity(started.len());
+    for (life, result) in started {
+        match result.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                failure.get_or_insert(e);
+            }
+            Err(_) => {
+                failure.get_or_insert_with(|| "the member's thread ended while it started".into());
+            }
+        }
+        lives.push(life);
+    }
+    let Some(e) = failure else { return Ok(()) };
+    // The spawn fails as a whole: what started stops, slots are cleared.
+    for life in lives {
+        {
+            let mut slots = shared.slots.lock().expect("slots lock");
+            if let Some(slot) = slots.get_mut((life.rank - first) as usize)
+                && slot.as_ref().is_some_and(|l| l.id == life.id)
+            {
+                *slot = None;
+            }
+        }
+        if stop_life(shared, life).await.is_err() {
+            break;
+        }
+    }
+    Err(e)
+}
+
+/// Follows one life: passes on how its start went, then how it ended;
+/// reports an exit the proc did not cause to the mesh's owner.
+async fn watch_life(
+    shared: Arc<Shared>,
+    life: Life,
+    generation: Generation,
+    started: oneshot::Receiver<Result<(), String>>,
+    result: oneshot::Sender<Result<(), String>>,
+    ended: oneshot::Receiver<LifeEnd>,
+    ended_tx: watch::Sender<Option<LifeEnd>>,
+) {
+    let start = started
+        .await
+        .unwrap_or_else(|_| Err("the member ended before it started".into()));
+    if start.is_ok() {
+        let _ = life
+            .phase
+            .compare_exchange(STARTING, RUNNING, Ordering::SeqCst, Ordering::SeqCst);
+    }
+    let _ = result.send(start);
+    let end = ended.await.unwrap_or(LifeEnd::Killed);
+    ended_tx.send_replace(Some(end.clone()));
+    // Out of its slot, if still there.
+    let info = shared.known.info();
+    let first = shared.proc_rank * info.per_proc;
+    {
+        let mut slots = shared.slots.lock().expect("slots lock");
+        if let Some(slot) = slots.get_mut((life.rank - first) as usize)
+            && slot.as_ref().is_some_and(|l| l.id == life.id)
+        {
+            *slot = None;
+        }
+    }
+    if life.phase.load(Ordering::SeqCst) != RUNNING {
+        return; // stopped on purpose, or its spawn's answer tells
+    }
+    let cause = match end {
+        LifeEnd::Stopped => FailureCause::Stopped,
+        LifeEnd::StartFailed(m) => FailureCause::StartFailed(m),
+        LifeEnd::Failed { message, panicked } => FailureCause::Actor { message, panicked },
+        LifeEnd::Killed => FailureCause::Actor {
+            message: "killed".into(),
+            panicked: false,
+        },
+    };
+    let report = MemberExited {
+        mesh: info.id,
+        rank: life.rank,
+        generation,
+        cause,
+    };
+    shared
+        .services
+        .fabric
+        .notify(info.owner.clone(), report)
+        .await;
+}
+
+/// Forwards and delivers the mesh's casts, in arrival order; collects the
+/// results beside it.
+async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame>) {
+    let fabric = shared.services.fabric.clone();
+    let pending = shared.services.pending.clone();
+    while let Some(frame) = casts.recv().await {
+        let info = shared.known.info();
+        if frame.generation != info.generation {
+            fail(&shared, &frame, "cast for another generation of the mesh");
+            continue;
+        }
+        let members: LocalMembers = shared
+            .slots
+            .lock()
+            .expect("slots lock")
+            .iter()
+            .map(|s| s.as_ref().map(|l| l.actor.clone()))
+            .collect();
+        let d = node::dispatch(fabric.as_ref(), &pending, &info, &frame, Some(&members)).await;
+        if let Some(reply) = frame.reply {
+            let fabric = fabric.clone();
+            let pending = pending.clone();
+            tokio::spawn(async move {
+                let contribution = node::collect(&pending, d).await;
+                let parts = node::split(contribution, fabric.max_frame_bytes());
+                let last = parts.len() - 1;
+                for (i, part) in parts.into_iter().enumerate() {
+                    let body = if i == last {
+                        ReplyBody::Cast(part)
+                    } else {
+                        ReplyBody::CastPart(part)
+                    };
+                    fabric
+                        .reply(
+                            reply.port.clone(),
+                            ProcReply {
+                                call: reply.call,
+                                body,
+                            },
+                        )
+                        .await;
+                }
+            });
+        }
+    }
+}
+
+fn fail(shared: &Shared, frame: &CastFrame, why: &str) {
+    let Some(reply_to) = &frame.reply else { return };
+    let ranks = node::member_ranks(frame.per_proc, frame.procs.0..frame.procs.1);
+    let failed = match frame.selection.bind(&frame.view, frame.seed) {
+        Ok(selected) => super::failed_in(&selected, ranks, why),
+        Err(_) => Vec::new(),
+    };
+    reply(
+        shared,
+        reply_to.port.clone(),
+        reply_to.call,
+        ReplyBody::Cast(Contribution {
+            failed,
+            ..Contribution::default()
+        }),
+    );
+}

@@ -1,0 +1,515 @@
+//! The proc runtime: what runs in every proc process after boot. It hosts
+//! the members of meshes (each life on a thread of its own, see
+//! `life`), forwards and delivers casts as a node of each cast
+//! tree, follows its owner's commands, and stops itself when its owner's
+//! lease lapses or a member cannot be stopped.
+//!
+//! The command loop never waits on members: spawning, respawning and
+//! stopping run per mesh in a task of their own (`members`), so a slow
+//! `new` or a member slow to stop delays neither casts to other members nor
+//! lease renewals. Only the owner (authenticated by the control plane)
+//! commands the proc; casts must carry the mesh's capability.
+
+mod members;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use regent_net::{ActorId, Endpoint, PortId, ProcId};
+use regent_rdma::BufferManager;
+use tokio::sync::mpsc;
+
+use crate::cast::{Caster, node};
+use crate::error::MemberError;
+use crate::fabric::{Fabric, NetFabric, Pending};
+use crate::member::{KnownMesh, ProcServices};
+use crate::protocol::{CastFrame, Contribution, MeshId, ProcCommand, ProcReply, ReplyBody, names};
+use crate::registry::ActorTypes;
+use crate::selection::Selected;
+use crate::shape::Rank;
+
+use members::{Hosted, MeshOp};
+
+/// How long a member may take to stop before it is killed.
+pub(crate) const MEMBER_SHUTDOWN: Duration = Duration::from_secs(5);
+/// How long a killed member may take to end before the proc gives up on it
+/// (it is stuck in code that never yields) and exits.
+pub(crate) const KILL_WAIT: Duration = Duration::from_secs(1);
+/// How long members' own requests and casts wait by default.
+const MEMBER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why the proc runtime ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcExit {
+    /// The owner told it to exit.
+    Requested,
+    /// The owner was not heard from within its lease.
+    LeaseLapsed,
+    /// The endpoint closed.
+    EndpointClosed,
+    /// A member did not end after it was killed (it runs code that never
+    /// yields): the proc exits so that its owner replaces it, and no second
+    /// life of that member ever runs beside the stuck one.
+    MemberStuck {
+        /// The mesh.
+        mesh: MeshId,
+        /// The member's rank.
+        rank: u32,
+    },
+}
+
+/// Why the proc runtime could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    /// A port could not be opened.
+    #[error(transparent)]
+    Net(#[from] regent_net::Error),
+    /// The proc's own names are invalid (a bug).
+    #[error(transparent)]
+    Id(#[from] regent_net::IdError),
+    /// Reporting ready failed.
+    #[error("could not report ready: {0}")]
+    Ready(String),
+}
+
+/// What a proc needs to serve.
+pub struct ProcSetup {
+    /// Its endpoint.
+    pub endpoint: Endpoint,
+    /// The controller that owns it: the only one that commands it.
+    pub owner: ProcId,
+    /// How long it runs without hearing from the owner.
+    pub owner_lease: Duration,
+    /// Its payload plane (members reach it through `Member::buffers`).
+    pub buffers: Option<Arc<BufferManager>>,
+}
+
+/// The proc runtime's state and command handling, independent of how
+/// commands arrive (the control plane, or memory in a simulation).
+pub(crate) struct ProcRuntime {
+    fabric: Arc<dyn Fabric>,
+    services: Arc<ProcServices>,
+    /// The meshes whose members this proc hosts.
+    hosted: HashMap<MeshId, Hosted>,
+    /// Tells the serve loop that a member is stuck.
+    stuck: mpsc::UnboundedSender<(MeshId, u32)>,
+    stuck_rx: mpsc::UnboundedReceiver<(MeshId, u32)>,
+    /// Commands refused (not from the owner, or casts without the mesh's
+    /// capability).
+    refused: u64,
+    types: ActorTypes,
+}
+
+impl ProcRuntime {
+    /// Starts a proc runtime; `endpoint` and `buffers` are given to members.
+    pub(crate) fn start(
+        fabric: Arc<dyn Fabric>,
+        pending: Arc<Pending>,
+        endpoint: Option<Endpoint>,
+        buffers: Option<Arc<BufferManager>>,
+        types: ActorTypes,
+    ) -> Self {
+        let origin = ActorId {
+            proc: fabric.proc().clone(),
+            name: regent_net::ActorName::new(names::PROC).expect("a valid constant name"),
+            index: 0,
+        };
+        let caster = Arc::new(Caster::start(fabric.clone(), pending.clone(), origin));
+        let services = Arc::new(ProcServices {
+            fabric: fabric.clone(),
+            pending: pending.clone(),
+            caster,
+            known: Arc::default(),
+            endpoint,
+            buffers,
+            timeout: MEMBER_CALL_TIMEOUT,
+        });
+        let (stuck, stuck_rx) = mpsc::unbounded_channel();
+        Self {
+            fabric,
+            services,
+            hosted: HashMap::new(),
+            stuck,
+            stuck_rx,
+            refused: 0,
+            types,
+        }
+    }
+
+    /// A member did not end after it was killed, if one did not.
+    pub(crate) async fn stuck(&mut self) -> (MeshId, u32) {
+        match self.stuck_rx.recv().await {
+            Some(s) => s,
+            // The runtime holds a sender: never closes.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn reply(&self, port: PortId, call: u64, body: ReplyBody) {
+        let fabric = self.fabric.clone();
+        tokio::spawn(async move { fabric.reply(port, ProcReply { call, body }).await });
+    }
+
+    fn known(&self, mesh: MeshId) -> Option<Arc<KnownMesh>> {
+        self.services.known(mesh)
+    }
+
+    /// Handles one command from `sender`; returns `Some` when the proc must
+    /// exit. Only casts may come from others than the owner.
+    pub(crate) async fn handle(
+        &mut self,
+        cmd: ProcCommand,
+        from_owner: bool,
+        sender: &ProcId,
+    ) -> Option<ProcExit> {
+        if let Err(e) = cmd.validate() {
+            self.refused += 1;
+            tracing::warn!(from = %sender, error = %e, "an invalid command refused");
+            return None;
+        }
+        if !from_owner && !matches!(cmd, ProcCommand::Cast(_)) {
+            self.refused += 1;
+            tracing::warn!(from = %sender, refused = self.refused, "a command from another than the owner refused");
+            return None;
+        }
+        match cmd {
+            ProcCommand::Spawn {
+                call,
+                reply_to,
+                info,
+                proc_rank,
+                args,
+                start,
+            } => {
+                if self.hosted.contains_key(&info.id) {
+                    let body = ReplyBody::Spawned(Err(format!(
+                        "mesh {} already has members here",
+                        info.name
+                    )));
+                    self.reply(reply_to, call, body);
+                    return None;
+                }
+                if let Err(e) = self.actor_type_known(&info.actor_type) {
+                    self.reply(reply_to, call, ReplyBody::Spawned(Err(e)));
+                    return None;
+                }
+                self.fabric.learn(&info);
+                let known = KnownMesh::new(info.clone());
+                self.services
+                    .known
+                    .lock()
+                    .expect("known meshes lock")
+                    .insert(info.id, known.clone());
+                let hosted = members::start_worker(
+                    self.services.clone(),
+                    known,
+                    proc_rank,
+                    self.types,
+                    self.stuck.clone(),
+                );
+                hosted.submit(MeshOp::Spawn {
+                    call,
+                    reply_to,
+                    args,
+                    start,
+                });
+                self.hosted.insert(info.id, hosted);
+            }
+            ProcCommand::Stop {
+                call,
+                reply_to,
+                mesh,
+            } => match self.hosted.remove(&mesh) {
+                Some(hosted) => {
+                    self.services
+                        .known
+                        .lock()
+                        .expect("known meshes lock")
+                        .remove(&mesh);
+                    hosted.known.gone();
+                    hosted.submit(MeshOp::Stop { call, reply_to });
+                }
+                None => self.reply(reply_to, call, ReplyBody::Stopped),
+            },
+            ProcCommand::Respawn {
+                call,
+                reply_to,
+                info,
+                ranks,
+                args,
+                restart,
+            } => {
+                let Some(hosted) = self.hosted.get(&info.id) else {
+                    let body =
+                        ReplyBody::Spawned(Err(format!("mesh {} has no members here", info.name)));
+                    self.reply(reply_to, call, body);
+                    return None;
+                };
+                let first = hosted.proc_rank.saturating_mul(info.per_proc);
+                if let Some(r) = ranks
+                    .iter()
+                    .find(|&&r| r < first || r - first >= info.per_proc)
+                {
+                    let body = ReplyBody::Spawned(Err(format!("rank {r} is not hosted here")));
+                    self.reply(reply_to, call, body);
+                    return None;
+                }
+                self.fabric.learn(&info);
+                // The new generation is in force at once: casts of the old
+                // one are refused, and the replaced lives get nothing more.
+                hosted.retire(&ranks, first);
+                hosted.known.update(info);
+                hosted.submit(MeshOp::Respawn {
+                    call,
+                    reply_to,
+                    ranks,
+                    args,
+                    restart,
+                });
+            }
+            ProcCommand::Update {
+                call,
+                reply_to,
+                info,
+                restart,
+            } => {
+                let body = match self.hosted.get(&info.id) {
+                    None => {
+                        ReplyBody::Spawned(Err(format!("mesh {} has no members here", info.name)))
+                    }
+                    Some(h) if info.generation < h.known.info().generation => {
+                        ReplyBody::Spawned(Err("an update to an older generation".into()))
+                    }
+                    Some(h) => {
+                        self.fabric.learn(&info);
+                        h.known.update(info);
+                        if let Some(restart) = restart {
+                            h.tell_survivors(&restart);
+                        }
+                        ReplyBody::Updated
+                    }
+                };
+                self.reply(reply_to, call, body);
+            }
+            ProcCommand::Failed {
+                mesh,
+                failure,
+                lost,
+            } => {
+                for p in &lost {
+                    self.fabric.lost().insert(p);
+                }
+                if let Some(known) = self.known(mesh) {
+                    known.failed(&failure);
+                }
+            }
+            ProcCommand::Cast(frame) => self.cast(frame, sender).await,
+            ProcCommand::ChildInfo { info } => {
+                self.fabric.learn(&info);
+                let id = info.id;
+                let mut known = self.services.known.lock().expect("known meshes lock");
+                match known.get(&id) {
+                    Some(k) => k.update(info),
+                    None => {
+                        known.insert(id, KnownMesh::new(info));
+                    }
+                }
+            }
+            ProcCommand::ChildGone { mesh } => {
+                if let Some(k) = self
+                    .services
+                    .known
+                    .lock()
+                    .expect("known meshes lock")
+                    .remove(&mesh)
+                {
+                    k.gone();
+                }
+            }
+            ProcCommand::Supervise {
+                call,
+                reply_to,
+                owner,
+                rank,
+                failure,
+            } => match self.hosted.get(&owner) {
+                Some(h) => h.supervise(rank, failure, call, reply_to),
+                None => self.reply(reply_to, call, ReplyBody::Decided(None)),
+            },
+            ProcCommand::Renew => {}
+            ProcCommand::Exit => return Some(ProcExit::Requested),
+        }
+        None
+    }
+
+    fn actor_type_known(&self, name: &str) -> Result<(), String> {
+        match (self.types)(name) {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "no actor type {name:?} is registered in this proc (registered: {:?})",
+                crate::registry::actor_types()
+            )),
+        }
+    }
+
+    /// Forwards and delivers a cast; answers for its subtree if this proc
+    /// cannot serve it.
+    async fn cast(&mut self, frame: CastFrame, sender: &ProcId) {
+        let Some(hosted) = self.hosted.get(&frame.mesh) else {
+            return self.fail_subtree(frame, "proc does not host the mesh");
+        };
+        let info = hosted.known.info();
+        if frame.token != info.token {
+            self.refused += 1;
+            tracing::warn!(from = %sender, mesh = %info.name, refused = self.refused, "a cast without the mesh's capability refused");
+            return self.fail_subtree(
+                frame,
+                "refused: the cast does not carry the mesh's capability",
+            );
+        }
+        if frame.generation != info.generation {
+            return self.fail_subtree(frame, "cast for another generation of the mesh");
+        }
+        if let Err(e) = frame.validate_at(&info, hosted.proc_rank) {
+            self.refused += 1;
+            tracing::warn!(from = %sender, mesh = %info.name, error = %e, "an invalid cast refused");
+            return self.fail_subtree(frame, &format!("refused: an invalid cast ({e})"));
+        }
+        hosted.cast(frame).await;
+    }
+
+    /// Answers for a whole subtree that this proc cannot serve: every
+    /// selected member in it failed. Nothing is forwarded.
+    fn fail_subtree(&self, frame: CastFrame, why: &str) {
+        tracing::debug!(mesh = frame.mesh.0, why, "cast not served");
+        let Some(reply) = frame.reply else { return };
+        let ranks = node::member_ranks(frame.per_proc, frame.procs.0..frame.procs.1);
+        let failed = match frame.selection.bind(&frame.view, frame.seed) {
+            Ok(selected) => failed_in(&selected, ranks, why),
+            Err(_) => Vec::new(),
+        };
+        self.reply(
+            reply.port,
+            reply.call,
+            ReplyBody::Cast(Contribution {
+                failed,
+                ..Contribution::default()
+            }),
+        );
+    }
+
+    /// Stops every member.
+    pub(crate) async fn shutdown(&mut self) {
+        let stops: Vec<_> = self
+            .hosted
+            .drain()
+            .map(|(_, h)| async move {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                h.submit(MeshOp::Shutdown(tx));
+                let _ = rx.await;
+            })
+            .collect();
+        futures::future::join_all(stops).await;
+    }
+}
+
+fn failed_in(
+    selected: &Selected,
+    ranks: std::ops::Range<u32>,
+    why: &str,
+) -> Vec<(u32, MemberError)> {
+    ranks
+        .filter(|&r| selected.contains(Rank(r)))
+        .take(crate::protocol::MAX_PROCS as usize)
+        .map(|r| (r, MemberError::NotRunning(why.to_owned())))
+        .collect()
+}
+
+/// The proc's well-known actor on `endpoint`.
+fn proc_actor(endpoint: &Endpoint) -> Result<ActorId, ProcError> {
+    Ok(ActorId {
+        proc: endpoint.proc().clone(),
+        name: regent_net::ActorName::new(names::PROC)?,
+        index: 0,
+    })
+}
+
+/// Serves this proc until its owner tells it to exit, its owner's lease
+/// lapses, its endpoint closes, or a member cannot be stopped. `ready` runs
+/// once the proc's ports are open (it tells the host agent the proc is
+/// ready).
+pub async fn serve<R>(setup: ProcSetup, ready: R) -> Result<ProcExit, ProcError>
+where
+    R: Future<Output = Result<(), String>>,
+{
+    let ProcSetup {
+        endpoint,
+        owner,
+        owner_lease,
+        buffers,
+    } = setup;
+    let me = proc_actor(&endpoint)?;
+    let mut commands = endpoint.open_port(me.port(names::COMMAND_PORT))?;
+    let mut replies = endpoint.open_port(me.port(names::REPLY_PORT))?;
+    let fabric = Arc::new(NetFabric::new(endpoint.clone(), me));
+    let pending = Arc::new(Pending::default());
+    let dispatcher = {
+        let pending = pending.clone();
+        tokio::spawn(async move {
+            while let Some(delivery) = replies.recv().await {
+                match delivery.decode::<ProcReply>() {
+                    Ok(r) => pending.resolve(r.call, r.body),
+                    Err(e) => tracing::warn!(error = %e, "undecodable reply dropped"),
+                }
+            }
+        })
+    };
+    let mut rt = ProcRuntime::start(
+        fabric.clone(),
+        pending,
+        Some(endpoint.clone()),
+        buffers,
+        crate::registry::actor_type,
+    );
+    ready.await.map_err(ProcError::Ready)?;
+    tracing::info!(proc = %endpoint.proc(), "proc ready");
+    let mut lease = tokio::time::Instant::now() + owner_lease;
+    let exit = loop {
+        let delivery = tokio::select! {
+            // Commands first: a renewal that has arrived is taken before the
+            // lease can lapse.
+            biased;
+            d = commands.recv() => d,
+            (mesh, rank) = rt.stuck() => break ProcExit::MemberStuck { mesh, rank },
+            () = tokio::time::sleep_until(lease) => break ProcExit::LeaseLapsed,
+        };
+        let Some(delivery) = delivery else {
+            break ProcExit::EndpointClosed;
+        };
+        let sender = delivery.sender.proc.clone();
+        let cmd = match delivery.decode::<ProcCommand>() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(from = %sender, error = %e, "undecodable command dropped");
+                continue;
+            }
+        };
+        let from_owner = sender == owner;
+        if from_owner {
+            // Any command from the owner shows it is alive.
+            lease = tokio::time::Instant::now() + owner_lease;
+        }
+        if let Some(exit) = rt.handle(cmd, from_owner, &sender).await {
+            break exit;
+        }
+    };
+    tracing::info!(proc = %endpoint.proc(), ?exit, "proc stops");
+    if !matches!(exit, ProcExit::MemberStuck { .. }) {
+        rt.shutdown().await;
+    }
+    dispatcher.abort();
+    endpoint.close();
+    Ok(exit)
+}

@@ -1,0 +1,89 @@
+//! The procs a controller keeps alive (it renews their leases) and those it
+//! gave up on (zombies if they come back: they are told to exit).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Mutex, Weak};
+
+use regent_net::{Generation, ProcId};
+
+use super::Inner;
+use crate::fabric::proc_port;
+use crate::protocol::{ProcCommand, names};
+
+/// The bound on remembered abandoned procs; the oldest are forgotten first
+/// (by then they have long exited: a proc stops itself when its lease
+/// lapses).
+const MAX_ABANDONED: usize = 1 << 16;
+
+#[derive(Default)]
+pub(super) struct Leases {
+    /// Procs whose lease the controller renews.
+    leased: Mutex<HashSet<ProcId>>,
+    /// Procs given up on (dead, or unreachable: zombies if they come back).
+    abandoned: Mutex<(HashSet<ProcId>, VecDeque<ProcId>)>,
+}
+
+impl Leases {
+    pub(super) fn lease(&self, proc: &ProcId) {
+        self.leased
+            .lock()
+            .expect("leased lock")
+            .insert(proc.clone());
+    }
+
+    pub(super) fn release(&self, proc: &ProcId) {
+        self.leased.lock().expect("leased lock").remove(proc);
+    }
+
+    pub(super) fn abandon(&self, proc: &ProcId) {
+        self.release(proc);
+        let mut abandoned = self.abandoned.lock().expect("abandoned lock");
+        if abandoned.0.insert(proc.clone()) {
+            abandoned.1.push_back(proc.clone());
+            if abandoned.1.len() > MAX_ABANDONED
+                && let Some(oldest) = abandoned.1.pop_front()
+            {
+                abandoned.0.remove(&oldest);
+            }
+        }
+    }
+
+    pub(super) fn is_abandoned(&self, proc: &ProcId) -> bool {
+        self.abandoned
+            .lock()
+            .expect("abandoned lock")
+            .0
+            .contains(proc)
+    }
+
+    fn leased(&self) -> Vec<ProcId> {
+        self.leased
+            .lock()
+            .expect("leased lock")
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+/// Renews the lease of every leased proc every third of the lease.
+pub(super) async fn renew(inner: Weak<Inner>) {
+    let period = match inner.upgrade() {
+        Some(i) => i.config.owner_lease / 3,
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let fabric = &inner.fabric;
+        for p in inner.leases.leased() {
+            // A full buffer or a dead proc is not the lease's problem.
+            let _ = fabric.endpoint.try_send(
+                &fabric.me,
+                &proc_port(&p, names::COMMAND_PORT),
+                Generation(0),
+                ProcCommand::Renew,
+            );
+        }
+    }
+}

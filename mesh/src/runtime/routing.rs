@@ -1,0 +1,140 @@
+//! The controller's routing tasks: replies to pending calls, member exits
+//! and spawn requests from procs, proc events from allocators and link
+//! events from the control plane, each to the supervisor of the mesh it
+//! concerns.
+
+use std::sync::{Arc, Weak};
+
+use regent_net::{ProcId, TransportEvent};
+use tokio::sync::mpsc;
+
+use super::supervise::Signal;
+use super::{Inner, Runtime};
+use crate::alloc::{Allocator, ProcEvent};
+use crate::fabric::Pending;
+use crate::protocol::{MemberExited, ProcReply, ReplyBody, SpawnChild};
+
+pub(super) async fn dispatch_replies(pending: Arc<Pending>, mut replies: regent_net::Inbox) {
+    while let Some(delivery) = replies.recv().await {
+        match delivery.decode::<ProcReply>() {
+            Ok(r) => pending.resolve(r.call, r.body),
+            Err(e) => tracing::warn!(error = %e, "undecodable reply dropped"),
+        }
+    }
+}
+
+pub(super) async fn route_member_exits(inner: Weak<Inner>, mut events: regent_net::Inbox) {
+    while let Some(delivery) = events.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        let rt = Runtime { inner };
+        let sender = delivery.sender.proc.clone();
+        match delivery.decode::<MemberExited>() {
+            Ok(e) => {
+                let mesh = e.mesh;
+                // Only a proc of the mesh reports its members' exits.
+                let from_mesh = rt
+                    .mesh_info(mesh)
+                    .is_some_and(|info| info.proc_rank(&sender).is_some());
+                if !from_mesh {
+                    tracing::warn!(from = %sender, mesh = mesh.0, "a member exit from a proc that does not host the mesh refused");
+                    continue;
+                }
+                if !rt.signal_mesh(mesh, Signal::Member(e)) {
+                    tracing::debug!(mesh = mesh.0, "member exit of a mesh no longer supervised");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "undecodable member exit dropped"),
+        }
+    }
+}
+
+pub(super) async fn route_spawn_requests(inner: Weak<Inner>, mut requests: regent_net::Inbox) {
+    while let Some(delivery) = requests.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        let rt = Runtime { inner };
+        let sender = delivery.sender.proc.clone();
+        let request = match delivery.decode::<SpawnChild>() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "undecodable spawn request dropped");
+                continue;
+            }
+        };
+        let parent = request.parent;
+        let (to, call) = (request.reply_to.clone(), request.call);
+        // Only the proc that hosts the requesting member may ask for it.
+        let hosts_owner = rt.mesh_info(parent).is_some_and(|info| {
+            request.rank < info.members()
+                && info.procs[(request.rank / info.per_proc) as usize].proc == sender
+        });
+        if !hosts_owner {
+            tracing::warn!(from = %sender, mesh = parent.0, rank = request.rank, "a spawn request from a proc that does not host that member refused");
+            let body = ReplyBody::ChildSpawned(Err(
+                "refused: the request did not come from the member's proc".into(),
+            ));
+            rt.answer(to, call, body).await;
+            continue;
+        }
+        if !rt.signal_mesh(parent, Signal::SpawnChild(request)) {
+            let body = ReplyBody::ChildSpawned(Err(format!(
+                "the requesting member's mesh {} is no longer supervised",
+                parent.0
+            )));
+            rt.answer(to, call, body).await;
+        }
+    }
+}
+
+pub(super) async fn route_proc_events(inner: Weak<Inner>, mut events: mpsc::Receiver<ProcEvent>) {
+    while let Some(event) = events.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        let rt = Runtime { inner };
+        let procs: Vec<ProcId> = match &event {
+            ProcEvent::Exited { proc, .. } => vec![proc.clone()],
+            ProcEvent::HostLost { procs, .. } => procs.clone(),
+        };
+        // Reported to the supervisors before it is marked lost: a request
+        // that fails because the proc is lost finds the report queued.
+        rt.signal_all(|| Signal::Proc(event.clone()));
+        for p in &procs {
+            rt.release(p);
+            rt.mark_lost(p);
+        }
+    }
+}
+
+pub(super) async fn route_transport_events(
+    inner: Weak<Inner>,
+    mut events: mpsc::Receiver<TransportEvent>,
+) {
+    while let Some(event) = events.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        let allocators: Vec<Arc<dyn Allocator>> = inner
+            .hooked
+            .lock()
+            .expect("hooked lock")
+            .values()
+            .cloned()
+            .collect();
+        for a in allocators {
+            a.transport_event(&event);
+        }
+        let rt = Runtime { inner };
+        match event {
+            TransportEvent::LinkFailed { peer, cause, .. }
+            | TransportEvent::LinkClosed { peer, cause } => {
+                let detail = cause.to_string();
+                rt.signal_all(|| Signal::Link {
+                    proc: peer.clone(),
+                    detail: detail.clone(),
+                });
+                rt.mark_lost(&peer);
+            }
+            TransportEvent::LinkUp { peer, .. } if rt.inner.leases.is_abandoned(&peer) => {
+                tracing::warn!(proc = %peer, "an abandoned proc came back; telling it to exit");
+                rt.tell_exit(&peer);
+            }
+            _ => {}
+        }
+    }
+}
