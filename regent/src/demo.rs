@@ -116,6 +116,14 @@ fn describe(o: &Observation) -> Option<String> {
         Observed::RestartDelayed { key, delay } => {
             format!("{s:>9}: restart of {key} delayed {delay:?}")
         }
+        Observed::ChildStuck {
+            key,
+            incarnation,
+            waited,
+        } => format!(
+            "{s:>9}: {key} (incarnation {}) still runs {waited:?} after its kill: a callback blocks its thread",
+            incarnation.0
+        ),
         Observed::SupervisorExit { cause } => match cause {
             ExitCause::IntensityExceeded { key } => format!(
                 "{s:>9}: too many restarts ({key} was the last straw); stopped its children, exits with reason shutdown"

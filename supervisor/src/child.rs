@@ -25,8 +25,11 @@ pub struct StartContext {
 }
 
 impl StartContext {
-    /// The supervisor: the started actor must be linked to it (spawned with
-    /// `spawn_linked(.., ctx.supervisor())`), or it is linked afterwards.
+    /// The actor to link the started actor to (spawn it with
+    /// `spawn_linked(.., ctx.supervisor())`); if it is not, it is linked
+    /// afterwards. This is the supervisor's exit inbox, which hands the
+    /// child's exit to the supervisor in mailbox order, not the supervisor
+    /// itself; [`SupervisorRef::cell`] is the supervisor.
     pub fn supervisor(&self) -> ActorCell {
         self.supervisor.clone()
     }

@@ -51,7 +51,8 @@ pub use spec::{
     InstanceId, Intensity, MAX_CHILDREN, Restart, Shutdown, Strategy, SupervisorFlags,
 };
 pub use supervisor::{
-    Answer, Child, Observation, Observed, SHUTDOWN_REASON, Supervisor, SupervisorError,
-    SupervisorMsg, SupervisorRef, SupervisorSpec, SupervisorState, UserRequest, exit_of,
+    Answer, Child, ChildExit, KILL_WAIT, Observation, Observed, SHUTDOWN_REASON, Supervisor,
+    SupervisorError, SupervisorMsg, SupervisorRef, SupervisorSpec, SupervisorState, UserRequest,
+    exit_of,
 };
 pub use window::RestartWindow;

@@ -1,6 +1,27 @@
 //! The supervisor actor: runs a [`Machine`] over ractor actors, performing
 //! its actions (start, stop with timeout then kill, timers, replies) and
 //! feeding back what happens (exits, start outcomes).
+//!
+//! # One mailbox
+//!
+//! ractor gives an actor four ports and always takes the stop port before
+//! supervision events, and supervision events before ordinary messages. An
+//! OTP supervisor has one mailbox. So that requests, timers and exits keep
+//! their arrival order, everything the machine reacts to arrives as an
+//! ordinary message:
+//!
+//! - children are linked not to the supervisor but to its **exit inbox**, a
+//!   small actor linked to the supervisor that never blocks: it turns each
+//!   child's supervision event into a [`SupervisorMsg::ChildExit`] message at
+//!   once, so an exit takes its place in the queue when it happens, not when
+//!   the supervisor is next free;
+//! - timers are messages the supervisor sends itself;
+//! - [`SupervisorRef::stop`], and a parent supervisor stopping a child
+//!   supervisor, send [`SupervisorMsg::Stop`] behind what already waits.
+//!
+//! The exit inbox is one long-lived actor per supervisor (one extra message
+//! per exit, no task per message). Killing the supervisor kills the inbox and,
+//! through ractor's links, the children.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -30,9 +51,16 @@ use crate::spec::{
 /// it shuts down; classified as [`ExitReason::Shutdown`].
 pub const SHUTDOWN_REASON: &str = "shutdown";
 
-/// How long a killed actor may take to finish before the supervisor gives up
-/// waiting (it only stays unfinished while a callback blocks its thread).
-const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How long a killed child may take to finish before the supervisor reports
+/// it stuck ([`Observed::ChildStuck`]), by default; see
+/// [`SupervisorSpec::kill_wait`].
+pub const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// The bounds [`SupervisorSpec::kill_wait`] clamps to: a shorter wait would
+/// report a child that is merely being scheduled, a longer one would hide a
+/// stuck child from its owner.
+const KILL_WAIT_BOUNDS: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(3600));
 
 /// What a supervisor was configured with: flags, a name for logs, the child
 /// specifications (or the template of a `simple_one_for_one` supervisor) and an
@@ -44,6 +72,7 @@ pub struct SupervisorSpec {
     children: Vec<ChildSpec>,
     template: Option<ChildTemplate>,
     observer: Option<broadcast::Sender<Observation>>,
+    kill_wait: Duration,
 }
 
 impl fmt::Debug for SupervisorSpec {
@@ -53,6 +82,7 @@ impl fmt::Debug for SupervisorSpec {
             .field("flags", &self.flags)
             .field("children", &self.children)
             .field("template", &self.template)
+            .field("kill_wait", &self.kill_wait)
             .finish_non_exhaustive()
     }
 }
@@ -67,6 +97,7 @@ impl SupervisorSpec {
             children: Vec::new(),
             template: None,
             observer: None,
+            kill_wait: KILL_WAIT,
         }
     }
 
@@ -87,6 +118,18 @@ impl SupervisorSpec {
     /// channel is bounded) but never slows the supervisor down.
     pub fn observer(mut self, observer: broadcast::Sender<Observation>) -> Self {
         self.observer = Some(observer);
+        self
+    }
+
+    /// How long a child that was killed (its shutdown timeout ran out, or
+    /// `BrutalKill`) may take to finish before the supervisor reports it
+    /// stuck with [`Observed::ChildStuck`], and how often it repeats the
+    /// report while the child still runs. Default [`KILL_WAIT`] (10 s);
+    /// clamped to 10 ms ..= 1 h. The supervisor waits for the child's end
+    /// however long it takes: it never starts the child's next incarnation,
+    /// nor does anything else, while the old one still runs.
+    pub fn kill_wait(mut self, wait: Duration) -> Self {
+        self.kill_wait = wait.clamp(KILL_WAIT_BOUNDS.0, KILL_WAIT_BOUNDS.1);
         self
     }
 
@@ -168,12 +211,32 @@ pub enum Observed {
         /// Whether it will be restarted.
         restart: bool,
     },
-    /// The supervisor stopped a child.
+    /// The supervisor stopped a child; its actor has finished.
     Stopped {
         /// The child.
         key: ChildKey,
         /// Whether it had to be killed (it did not stop in time).
         killed: bool,
+    },
+    /// A child the supervisor killed has not finished `waited` after the
+    /// kill: one of its callbacks blocks its thread (a blocking loop, a long
+    /// synchronous call) and never reaches an `.await`, where a kill takes
+    /// effect. Nothing inside the process can end it.
+    ///
+    /// The supervisor does nothing else until that actor finishes — it never
+    /// starts the child's next incarnation while the old one runs, and
+    /// handles no other request or exit meanwhile. It sends this report
+    /// [`SupervisorSpec::kill_wait`] after the kill and again every
+    /// `kill_wait` while the actor runs, then [`Observed::Stopped`] (`killed:
+    /// true`) if it ever finishes. The owner of the process should act on the
+    /// first report: end the process and replace it.
+    ChildStuck {
+        /// The child.
+        key: ChildKey,
+        /// The incarnation that does not finish.
+        incarnation: Incarnation,
+        /// Time since the kill.
+        waited: Duration,
     },
     /// A restart waits for backoff.
     RestartDelayed {
@@ -202,8 +265,8 @@ pub struct Child {
     pub kind: ChildKind,
 }
 
-/// The messages of the supervisor actor; use [`SupervisorRef`] rather than
-/// sending them directly.
+/// The messages of the supervisor actor, handled one at a time in arrival
+/// order; use [`SupervisorRef`] rather than sending them directly.
 pub enum SupervisorMsg {
     /// A user request.
     Request(UserRequest, RpcReplyPort<Result<Answer, ChildError>>),
@@ -213,6 +276,19 @@ pub enum SupervisorMsg {
     WhichChildren(RpcReplyPort<Vec<Child>>),
     /// `count_children`.
     CountChildren(RpcReplyPort<ChildCounts>),
+    /// A child's actor ended; sent by the supervisor's exit inbox only.
+    ChildExit(ChildExit),
+    /// Stop the children in reverse start order, then exit (OTP's shutdown
+    /// by the parent), after the messages already waiting.
+    Stop,
+}
+
+/// The end of a child's actor, as the exit inbox forwards it. Only this crate
+/// makes them: a forged exit of a running child would have it started twice.
+#[derive(Debug)]
+pub struct ChildExit {
+    actor: ActorId,
+    reason: ExitReason,
 }
 
 impl fmt::Debug for SupervisorMsg {
@@ -222,6 +298,8 @@ impl fmt::Debug for SupervisorMsg {
             Self::Timer(t) => f.debug_tuple("Timer").field(t).finish(),
             Self::WhichChildren(_) => f.write_str("WhichChildren"),
             Self::CountChildren(_) => f.write_str("CountChildren"),
+            Self::ChildExit(e) => f.debug_tuple("ChildExit").field(e).finish(),
+            Self::Stop => f.write_str("Stop"),
         }
     }
 }
@@ -270,6 +348,9 @@ pub struct Supervisor;
 pub struct SupervisorState {
     name: String,
     machine: Machine,
+    /// The exit inbox: children are linked to it (see the module docs).
+    inbox: ActorCell,
+    kill_wait: Duration,
     starts: HashMap<ChildId, StartFn>,
     template: Option<DynStartFn>,
     dyn_args: HashMap<InstanceId, DynArgs>,
@@ -325,7 +406,7 @@ impl SupervisorState {
         while let Some(action) = queue.pop_front() {
             match action {
                 Action::Start { key, incarnation } => {
-                    let outcome = self.start(myself, key, incarnation).await;
+                    let outcome = self.start(key, incarnation).await;
                     queue.extend(self.machine.handle(now(), Event::Started(outcome)));
                 }
                 Action::Stop { targets, shutdown } => {
@@ -386,14 +467,9 @@ impl SupervisorState {
         }
     }
 
-    async fn start(
-        &mut self,
-        myself: &ActorCell,
-        key: ChildKey,
-        incarnation: Incarnation,
-    ) -> Result<(), StartError> {
+    async fn start(&mut self, key: ChildKey, incarnation: Incarnation) -> Result<(), StartError> {
         let ctx = StartContext {
-            supervisor: myself.clone(),
+            supervisor: self.inbox.clone(),
             key: key.clone(),
             incarnation,
         };
@@ -433,10 +509,10 @@ impl SupervisorState {
         };
         match outcome {
             Ok(cell) => {
-                if cell.try_get_supervisor().map(|s| s.get_id()) != Some(myself.get_id()) {
+                if cell.try_get_supervisor().map(|s| s.get_id()) != Some(self.inbox.get_id()) {
                     // The start function did not link it; link it now so its
                     // exit reaches us.
-                    cell.link(myself.clone());
+                    cell.link(self.inbox.clone());
                 }
                 tracing::debug!(supervisor = %self.name, child = %key, ?incarnation, actor = %cell.get_id(), "child started");
                 self.by_actor
@@ -456,13 +532,24 @@ impl SupervisorState {
         }
     }
 
+    /// Stops the targets at once, each according to `shutdown`, and returns
+    /// when every one's actor has finished (however long a stuck one takes;
+    /// see [`Observed::ChildStuck`]).
     async fn stop(&mut self, targets: Vec<(ChildKey, Incarnation)>, shutdown: Shutdown) {
         let mut stops = Vec::with_capacity(targets.len());
-        for (key, _) in targets {
+        for (key, incarnation) in targets {
             if let Some(cell) = self.actors.remove(&key) {
                 self.by_actor.remove(&cell.get_id());
+                let (supervisor, observer) = (&self.name, self.observer.as_ref());
+                let kill_wait = self.kill_wait;
                 stops.push(async move {
-                    let killed = stop_actor(&cell, shutdown).await;
+                    let stuck = StuckReport {
+                        supervisor,
+                        observer,
+                        key: &key,
+                        incarnation,
+                    };
+                    let killed = stop_actor(&cell, shutdown, kill_wait, stuck).await;
                     (key, killed)
                 });
             }
@@ -491,23 +578,81 @@ impl SupervisorState {
     }
 }
 
-/// Stops one actor according to `shutdown`; returns whether it had to be
-/// killed.
-async fn stop_actor(cell: &ActorCell, shutdown: Shutdown) -> bool {
-    let reason = Some(SHUTDOWN_REASON.to_owned());
+/// Who to tell that a killed child does not finish.
+struct StuckReport<'a> {
+    supervisor: &'a str,
+    observer: Option<&'a broadcast::Sender<Observation>>,
+    key: &'a ChildKey,
+    incarnation: Incarnation,
+}
+
+impl StuckReport<'_> {
+    fn report(&self, waited: Duration) {
+        tracing::error!(
+            supervisor = %self.supervisor,
+            child = %self.key,
+            incarnation = self.incarnation.0,
+            ?waited,
+            "killed child has not finished: a callback blocks its thread; \
+             the supervisor waits for it and starts nothing meanwhile"
+        );
+        if let Some(o) = self.observer {
+            // No receiver is fine: nobody is watching.
+            let _ = o.send(Observation {
+                supervisor: self.supervisor.to_owned(),
+                event: Observed::ChildStuck {
+                    key: self.key.clone(),
+                    incarnation: self.incarnation,
+                    waited,
+                },
+            });
+        }
+    }
+}
+
+/// Asks an actor to stop: a supervisor by an ordinary message, so that it
+/// first handles what already waits in its mailbox (as OTP's shutdown exit
+/// signal, which a supervisor receives as a message); any other actor through
+/// ractor's stop port, which it sees between messages.
+fn ask_to_stop(cell: &ActorCell) {
+    if cell.is_message_type_of::<SupervisorMsg>() == Some(true)
+        && cell.send_message(SupervisorMsg::Stop).is_ok()
+    {
+        return;
+    }
+    cell.stop(Some(SHUTDOWN_REASON.to_owned()));
+}
+
+/// Stops one actor according to `shutdown` and returns once it has finished;
+/// returns whether it had to be killed. A killed actor that does not finish
+/// within `kill_wait` is reported stuck, and again every `kill_wait`, and
+/// still waited for: its next incarnation must not start while it runs.
+async fn stop_actor(
+    cell: &ActorCell,
+    shutdown: Shutdown,
+    kill_wait: Duration,
+    stuck: StuckReport<'_>,
+) -> bool {
     let killed = match shutdown {
         Shutdown::BrutalKill => true,
         Shutdown::Infinity => {
-            let _ = cell.stop_and_wait(reason, None).await;
+            ask_to_stop(cell);
+            // Without limit, as OTP: a supervisor child stops its subtree
+            // first, which takes what it takes.
+            let _ = cell.wait(None).await;
             false
         }
-        Shutdown::Timeout(t) => matches!(
-            cell.stop_and_wait(reason, Some(t)).await,
-            Err(ractor::RactorErr::Timeout)
-        ),
+        Shutdown::Timeout(t) => {
+            ask_to_stop(cell);
+            cell.wait(Some(t)).await.is_err()
+        }
     };
-    if killed && cell.kill_and_wait(Some(KILL_WAIT)).await.is_err() {
-        tracing::error!(actor = %cell.get_id(), "killed actor did not finish; its callback blocks a thread");
+    if killed {
+        cell.kill();
+        let since = tokio::time::Instant::now();
+        while cell.wait(Some(kill_wait)).await.is_err() {
+            stuck.report(since.elapsed());
+        }
     }
     killed
 }
@@ -553,9 +698,17 @@ impl Actor for Supervisor {
                 name: spec.name.clone(),
                 error,
             })?;
+        let (inbox, _) = Actor::spawn_linked(None, ExitInbox, myself.clone(), myself.get_cell())
+            .await
+            .map_err(|e| SupervisorError::Spawn {
+                name: spec.name.clone(),
+                message: format!("exit inbox: {e}"),
+            })?;
         let mut state = SupervisorState {
             name: spec.name,
             machine,
+            inbox: inbox.get_cell(),
+            kill_wait: spec.kill_wait,
             starts: spec
                 .children
                 .into_iter()
@@ -570,6 +723,10 @@ impl Actor for Supervisor {
             next_request: 0,
         };
         let drive = state.drive(&myself.get_cell(), Event::Init).await;
+        if drive.exit.is_some() {
+            // ractor would kill it with the supervisor; say so explicitly.
+            state.inbox.kill();
+        }
         match drive.exit {
             None => Ok(state),
             Some(ExitCause::StartFailed { key, error }) => {
@@ -602,6 +759,13 @@ impl Actor for Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         let cell = myself.get_cell();
         let drive = match message {
+            SupervisorMsg::ChildExit(ChildExit { actor, reason }) => {
+                match state.exit_event(&actor, reason) {
+                    Some(event) => state.drive(&cell, event).await,
+                    None => return Ok(()),
+                }
+            }
+            SupervisorMsg::Stop => state.drive(&cell, Event::Shutdown).await,
             SupervisorMsg::Timer(timer) => state.drive(&cell, Event::Timer(timer)).await,
             SupervisorMsg::WhichChildren(port) => {
                 let children = state
@@ -676,22 +840,68 @@ impl Actor for Supervisor {
         let Some((actor, reason)) = exit_of(&event) else {
             return Ok(());
         };
-        let Some((key, incarnation)) = state.by_actor.remove(&actor) else {
-            return Ok(()); // a child we stopped ourselves, or not ours
+        if actor == state.inbox.get_id() {
+            // Only a kill from outside ends it; without it no exit of a child
+            // would reach the machine.
+            return Err(
+                format!("supervisor {}: its exit inbox ended ({reason})", state.name).into(),
+            );
+        }
+        // Children are linked to the inbox; one linked here directly (by its
+        // own code, after its start) is still ours, if out of mailbox order.
+        let Some(event) = state.exit_event(&actor, reason) else {
+            return Ok(());
         };
-        state.actors.remove(&key);
-        let drive = state
-            .drive(
-                &myself.get_cell(),
-                Event::Exited {
-                    key,
-                    incarnation,
-                    reason,
-                },
-            )
-            .await;
+        let drive = state.drive(&myself.get_cell(), event).await;
         if drive.exit.is_some() {
             myself.stop(Some(SHUTDOWN_REASON.to_owned()));
+        }
+        Ok(())
+    }
+}
+
+impl SupervisorState {
+    /// The machine event for the end of `actor`, if it is a running child
+    /// (not one the supervisor stopped itself, nor a stranger).
+    fn exit_event(&mut self, actor: &ActorId, reason: ExitReason) -> Option<Event> {
+        let (key, incarnation) = self.by_actor.remove(actor)?;
+        self.actors.remove(&key);
+        Some(Event::Exited {
+            key,
+            incarnation,
+            reason,
+        })
+    }
+}
+
+/// The exit inbox of a supervisor: children are linked to it, and it forwards
+/// each end of a child's actor to the supervisor as an ordinary message, at
+/// once (it never blocks), so that exits keep their place among requests and
+/// timers. See the module docs.
+struct ExitInbox;
+
+impl Actor for ExitInbox {
+    type Msg = ();
+    type State = ActorRef<SupervisorMsg>;
+    type Arguments = ActorRef<SupervisorMsg>;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<()>,
+        supervisor: ActorRef<SupervisorMsg>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(supervisor)
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _: ActorRef<()>,
+        event: SupervisionEvent,
+        supervisor: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some((actor, reason)) = exit_of(&event) {
+            // Fails only once the supervisor has gone, and its children with it.
+            let _ = supervisor.send_message(SupervisorMsg::ChildExit(ChildExit { actor, reason }));
         }
         Ok(())
     }
@@ -848,13 +1058,19 @@ impl SupervisorRef {
         }
     }
 
-    /// Stops the supervisor: its children stop in reverse start order, then
-    /// it exits. Returns once it has.
+    /// Stops the supervisor after the messages already in its mailbox: its
+    /// children stop in reverse start order, then it exits. Returns once it
+    /// has — with a stuck child ([`Observed::ChildStuck`]), not before that
+    /// child's actor has finished, which may be never. A caller that must go
+    /// on regardless bounds the wait with a timeout (dropping this future
+    /// does not cancel the stop) and then ends the process, which alone ends
+    /// the stuck thread.
     pub async fn stop(&self) {
-        let _ = self
-            .actor
-            .stop_and_wait(Some(SHUTDOWN_REASON.to_owned()), None)
-            .await;
+        let cell = self.actor.get_cell();
+        // Through ractor's stop port when the cell is not a supervisor
+        // (`from_cell`) or has gone already.
+        ask_to_stop(&cell);
+        let _ = cell.wait(None).await;
     }
 }
 

@@ -1,9 +1,11 @@
 //! Supervision of real ractor actors: panics in `pre_start`, handlers and
 //! `post_stop` under each strategy, escalation through nested supervisors,
-//! shutdown timeouts that end in a kill, dynamic children, automatic shutdown,
-//! and intensity and backoff under tokio's paused time.
+//! shutdown timeouts that end in a kill, a child stuck in a blocking loop,
+//! dynamic children, automatic shutdown, and intensity and backoff under
+//! tokio's paused time.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -745,4 +747,173 @@ async fn dynamic_operations_on_static_children() {
         sup.count_children().await,
         Err(ChildError::SupervisorDown)
     ));
+}
+
+/// What the lives of a [`Blocker`] did.
+#[derive(Clone, Default)]
+struct Lives {
+    /// A life is in its blocking loop.
+    blocking: Arc<AtomicBool>,
+    /// Lives that started while another was still in its blocking loop.
+    overlaps: Arc<AtomicUsize>,
+    release: Arc<AtomicBool>,
+}
+
+/// Releases the blockers when dropped, so that a failing test ends.
+struct Release(Arc<AtomicBool>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// An actor whose handler blocks its thread in a loop, as tensor code does,
+/// until released: a kill cannot end it meanwhile.
+#[derive(Clone)]
+struct Blocker(Lives);
+
+struct Block;
+
+impl Actor for Blocker {
+    type Msg = Block;
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(&self, _: ActorRef<Block>, _: ()) -> Result<(), ActorProcessingErr> {
+        if self.0.blocking.load(Ordering::SeqCst) {
+            self.0.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<Block>,
+        _: Block,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        self.0.blocking.store(true, Ordering::SeqCst);
+        let since = std::time::Instant::now();
+        // Bounded, so that a failing test still ends.
+        while !self.0.release.load(Ordering::SeqCst) && since.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.0.blocking.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// A child stuck in a blocking loop cannot be killed. When a sibling's crash
+/// makes the supervisor (one_for_all) stop it, the supervisor kills it at its
+/// shutdown timeout, reports it stuck every `kill_wait`, and starts nothing —
+/// above all not the child's next incarnation — until the old one has
+/// finished. Two lives of one child never run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_child_stuck_in_a_blocking_loop_is_reported_and_never_runs_twice() {
+    let mut b = Bench::new();
+    let lives = Lives::default();
+    let _release = Release(lives.release.clone());
+    let blocker = Blocker(lives.clone());
+    let spec = b
+        .spec("sup", flags(Strategy::OneForAll))
+        .kill_wait(Duration::from_millis(200))
+        .child(
+            ChildSpec::worker("stuck", move || (blocker.clone(), ()))
+                .shutdown(Shutdown::Timeout(Duration::from_millis(100))),
+        )
+        .child(b.probe("trigger"));
+    let (sup, _) = SupervisorRef::start(spec).await.unwrap();
+    assert_eq!(b.lives(1).await, started(&["trigger"]));
+    let first = match sup.which_children().await.unwrap()[0].status {
+        ChildStatus::Running(i) => i,
+        other => panic!("stuck is {other:?}"),
+    };
+    ActorRef::<Block>::from(
+        sup.which_children().await.unwrap()[0]
+            .actor
+            .clone()
+            .unwrap(),
+    )
+    .cast(Block)
+    .unwrap();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while !lives.blocking.load(Ordering::SeqCst) {
+        assert!(std::time::Instant::now() < deadline, "stuck never blocked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    child(&sup, "trigger").await.cast(Cmd::Fail).unwrap();
+    b.observe("trigger exits", |o| is_exit(o, "sup", "trigger", |_| true))
+        .await;
+
+    // Reported, then reported again: still waiting, nothing started.
+    let mut waits = Vec::new();
+    let mut seen = Vec::new();
+    while waits.len() < 2 {
+        let o = b.observe("stuck reported", |o| o.supervisor == "sup").await;
+        if let Observed::ChildStuck {
+            key,
+            incarnation,
+            waited,
+        } = &o.event
+        {
+            assert_eq!(key.to_string(), "stuck");
+            assert_eq!(*incarnation, first, "the old incarnation is reported");
+            waits.push(*waited);
+        }
+        seen.push(o.event);
+    }
+    assert!(waits[0] >= Duration::from_millis(200), "{waits:?}");
+    assert!(waits[1] > waits[0], "{waits:?}");
+    assert!(
+        !seen.iter().any(|o| matches!(o, Observed::Started { .. })),
+        "nothing starts while the killed child runs: {seen:?}"
+    );
+    assert!(
+        lives.blocking.load(Ordering::SeqCst),
+        "the old life still runs"
+    );
+
+    // Once it returns, the kill takes effect and the restart goes on.
+    lives.release.store(true, Ordering::SeqCst);
+    let stopped = b
+        .observe(
+            "stuck finally stopped",
+            |o| matches!(&o.event, Observed::Stopped { key, .. } if key.to_string() == "stuck"),
+        )
+        .await;
+    assert!(matches!(
+        stopped.event,
+        Observed::Stopped { killed: true, .. }
+    ));
+    b.observe(
+        "stuck restarted",
+        |o| matches!(&o.event, Observed::Started { key, incarnation } if key.to_string() == "stuck" && *incarnation > first),
+    )
+    .await;
+    assert_eq!(b.lives(1).await, started(&["trigger"]));
+    assert_eq!(
+        lives.overlaps.load(Ordering::SeqCst),
+        0,
+        "a life started while the old one still ran"
+    );
+    sup.stop().await;
+}
+
+/// `stop` on a handle of an actor that is not a supervisor stops that actor
+/// (through ractor's stop port) rather than waiting for an exit that never
+/// comes.
+#[tokio::test]
+async fn stop_through_a_handle_on_another_actor_stops_it() {
+    let b = Bench::new();
+    let probe = Probe {
+        name: "plain".into(),
+        modes: b.modes.clone(),
+        log: b.log_tx.clone(),
+    };
+    let (actor, handle) = Actor::spawn(None, probe, ()).await.unwrap();
+    timeout(DEADLINE, SupervisorRef::from_cell(actor.get_cell()).stop())
+        .await
+        .expect("stop returns");
+    timeout(DEADLINE, handle).await.unwrap().unwrap();
 }
