@@ -67,8 +67,8 @@ impl Default for SgdConfig {
 /// ```text
 /// t = t + 1
 /// p = p * (1 - lr * weight_decay)
-/// m = beta1 * m + (1 - beta1) * g
-/// v = beta2 * v + (1 - beta2) * g * g
+/// m = m + (1 - beta1) * (g - m)          (lerp: beta1 * m + (1 - beta1) * g)
+/// v = beta2 * v + g * ((1 - beta2) * g)
 /// p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -315,14 +315,18 @@ impl Optimizer for AdamW {
                 if c.weight_decay != 0.0 {
                     let _ = p.f_mul_scalar_(1.0 - c.lr * c.weight_decay)?;
                 }
+                // Three temporaries per parameter; the rest is in place.
                 let m = &mut self.m[i];
-                let _ = m.f_mul_scalar_(c.beta1)?;
-                let _ = m.f_add_(&g.f_mul_scalar(1.0 - c.beta1)?)?;
+                let _ = m.f_lerp_(&g, 1.0 - c.beta1)?;
                 let v = &mut self.v[i];
                 let _ = v.f_mul_scalar_(c.beta2)?;
-                let _ = v.f_add_(&g.f_mul(&g)?.f_mul_scalar(1.0 - c.beta2)?)?;
-                let denom = v.f_sqrt()?.f_div_scalar(bias2_sqrt)?.f_add_scalar(c.eps)?;
-                let _ = p.f_sub_(&m.f_div(&denom)?.f_mul_scalar(step_size)?)?;
+                let _ = v.f_addcmul_(&g, &g.f_mul_scalar(1.0 - c.beta2)?)?;
+                let mut denom = v.f_sqrt()?;
+                let _ = denom.f_div_scalar_(bias2_sqrt)?;
+                let _ = denom.f_add_scalar_(c.eps)?;
+                let mut update = m.f_div(&denom)?;
+                let _ = update.f_mul_scalar_(step_size)?;
+                let _ = p.f_sub_(&update)?;
             }
             Ok(())
         })
