@@ -10,7 +10,7 @@ use std::path::Path;
 use tch::Tensor;
 
 use crate::Error;
-use crate::data::{Batch, DataSource, MAX_GLOBAL_BATCH};
+use crate::data::{Batch, DataSource, MAX_GLOBAL_BATCH, check_elements};
 use crate::model::dim;
 use crate::rng::Rng;
 
@@ -250,6 +250,7 @@ impl CharData {
     pub fn new(corpus: Corpus, config: CharDataConfig) -> Result<CharData, Error> {
         dim(config.context, MAX_CONTEXT, "context")?;
         dim(config.global_batch, MAX_GLOBAL_BATCH, "global batch")?;
+        check_elements(config.context, config.global_batch, "char batch")?;
         if corpus.tokens.len() <= config.context {
             return Err(Error::Corpus(format!(
                 "{} characters; a sample needs {}",

@@ -16,6 +16,19 @@ use crate::Error;
 
 /// Most samples in a global batch of the built-in sources.
 pub const MAX_GLOBAL_BATCH: usize = 1 << 20;
+/// Most elements a built-in source puts in one tensor (a global batch's
+/// inputs, the blobs' centres): 1 GiB of `f32`.
+pub const MAX_SOURCE_ELEMENTS: usize = 1 << 28;
+
+/// Refuses a tensor of `a * b` elements above [`MAX_SOURCE_ELEMENTS`].
+pub(crate) fn check_elements(a: usize, b: usize, what: &str) -> Result<(), Error> {
+    match a.checked_mul(b) {
+        Some(n) if n <= MAX_SOURCE_ELEMENTS => Ok(()),
+        _ => Err(Error::Config(format!(
+            "{what}: {a} x {b} elements exceed {MAX_SOURCE_ELEMENTS}"
+        ))),
+    }
+}
 
 /// Samples: `inputs` and `targets` with the samples along dimension 0.
 #[derive(Debug)]

@@ -36,7 +36,7 @@ pub use builtin::{GENERATED_CORPUS_CHARS, gpt_replica, mlp_replica};
 pub use corpus::{
     CharData, CharDataConfig, Corpus, MAX_CONTEXT, MAX_CORPUS_BYTES, MAX_VOCAB, Vocab,
 };
-pub use data::{Batch, DataSource, MAX_GLOBAL_BATCH, loss_scale, rank_range};
+pub use data::{Batch, DataSource, MAX_GLOBAL_BATCH, MAX_SOURCE_ELEMENTS, loss_scale, rank_range};
 pub use error::Error;
 pub use gpt::{CharGpt, GptConfig, MAX_GPT_DIM, MAX_GPT_LAYERS};
 pub use layout::{Layout, LayoutEntry};

@@ -7,7 +7,7 @@ use tch::nn::Path;
 use tch::{Kind, Tensor};
 
 use crate::Error;
-use crate::data::{Batch, DataSource, MAX_GLOBAL_BATCH};
+use crate::data::{Batch, DataSource, MAX_GLOBAL_BATCH, check_elements};
 use crate::model::{Model, cross_entropy, dim, linear, uniform_var};
 use crate::rng::Rng;
 
@@ -158,6 +158,8 @@ impl Blobs {
         dim(config.input, MAX_MLP_DIM, "blobs input")?;
         dim(config.classes, MAX_MLP_DIM, "blobs classes")?;
         dim(config.global_batch, MAX_GLOBAL_BATCH, "global batch")?;
+        check_elements(config.input, config.classes, "blobs centres")?;
+        check_elements(config.input, config.global_batch, "blobs batch")?;
         if !(config.noise.is_finite() && config.noise >= 0.0) {
             return Err(Error::Config("blobs noise must be finite and >= 0".into()));
         }
@@ -320,5 +322,12 @@ mod tests {
             })
             .is_err()
         );
+        // Each dimension is in range, their product is not.
+        let huge = BlobsConfig {
+            input: MAX_MLP_DIM,
+            classes: MAX_MLP_DIM,
+            ..BlobsConfig::default()
+        };
+        assert!(matches!(Blobs::new(huge), Err(Error::Config(_))));
     }
 }

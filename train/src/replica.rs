@@ -104,6 +104,13 @@ impl<M: Model, D: DataSource> Replica<M, D> {
         &self.vs
     }
 
+    /// The step after this one (a restored state may carry any `u64`).
+    fn next_step(&self) -> Result<u64, Error> {
+        self.step
+            .checked_add(1)
+            .ok_or_else(|| Error::State("the step counter is at u64::MAX".into()))
+    }
+
     fn gradients(&self, batch: &Batch, scale: f64) -> Result<(f64, Vec<Tensor>), Error> {
         let loss = self.model.loss(batch)?;
         let value = loss.f_double_value(&[])?;
@@ -132,9 +139,10 @@ impl<M: Model, D: DataSource> Replica<M, D> {
     /// The second half of a step: one optimizer update from the world's mean
     /// gradient (flat, layout order), then the step counter advances.
     pub fn apply_mean(&mut self, mean: &[f32]) -> Result<(), Error> {
+        let next = self.next_step()?;
         let grads = self.layout.unflatten(mean)?;
         self.optimizer.step(&grads)?;
-        self.step += 1;
+        self.step = next;
         Ok(())
     }
 
@@ -143,10 +151,11 @@ impl<M: Model, D: DataSource> Replica<M, D> {
     /// global batch, the optimizer update from its gradient. Bit for bit
     /// the same as a world of one. Returns the batch's mean loss.
     pub fn local_step(&mut self) -> Result<f64, Error> {
+        let next = self.next_step()?;
         let batch = self.data.batch(self.step, 0, 1)?;
         let (loss, grads) = self.gradients(&batch, 1.0)?;
         self.optimizer.step(&grads)?;
-        self.step += 1;
+        self.step = next;
         Ok(loss)
     }
 

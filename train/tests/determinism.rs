@@ -242,4 +242,13 @@ fn reserved_names_and_foreign_states_are_refused() {
         "adamw state into an sgd replica"
     );
     assert_eq!(mlp.step(), 0);
+
+    // A state at the last step cannot take another.
+    let mut last = small_mlp(Opt::Sgd).state().unwrap();
+    last.step = u64::MAX;
+    mlp.restore(&last).unwrap();
+    assert!(matches!(mlp.local_step(), Err(Error::State(_))));
+    let mut reference = Reference::new();
+    assert!(matches!(reference.step(&mut mlp, 2), Err(Error::State(_))));
+    assert_eq!(mlp.step(), u64::MAX);
 }
