@@ -86,6 +86,11 @@ impl Hosts {
     }
 
     fn run(&self, args: &[&str]) -> Result<(), ChaosError> {
+        self.output(args).map(drop)
+    }
+
+    /// Runs the recipe; its standard output.
+    fn output(&self, args: &[&str]) -> Result<String, ChaosError> {
         let out = Command::new("bash")
             .arg(&self.script)
             .args(args)
@@ -94,7 +99,7 @@ impl Hosts {
             .output()
             .map_err(|e| ChaosError::Netns(format!("running {}: {e}", self.script.display())))?;
         if out.status.success() {
-            Ok(())
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
             Err(ChaosError::Netns(format!(
                 "{} {}: {}",
@@ -149,5 +154,38 @@ impl Hosts {
     /// Removes a [`Hosts::block`].
     pub fn unblock(&self, a: u32, b: u32) -> Result<(), ChaosError> {
         self.run(&["unblock", &a.to_string(), &b.to_string()])
+    }
+
+    fn counter(&self, args: &[&str]) -> Result<u64, ChaosError> {
+        let out = self.output(args)?;
+        out.trim().parse().map_err(|e| {
+            ChaosError::Netns(format!(
+                "{} {}: not a count: {out:?} ({e})",
+                self.script.display(),
+                args.join(" ")
+            ))
+        })
+    }
+
+    /// Packets host `k`'s interface has received (its kernel counter).
+    pub fn rx_packets(&self, k: u32) -> Result<u64, ChaosError> {
+        self.counter(&["rx", &k.to_string()])
+    }
+
+    /// Packets the root namespace has sent on its leg to the bridge.
+    pub fn root_tx_packets(&self) -> Result<u64, ChaosError> {
+        self.counter(&["root-tx"])
+    }
+
+    /// Packets host `k`'s firewall drop ([`Hosts::drop_all`]) has dropped
+    /// while in force.
+    pub fn dropped(&self, k: u32) -> Result<u64, ChaosError> {
+        self.counter(&["dropped", &k.to_string()])
+    }
+
+    /// Packets the block from `a` to `b` ([`Hosts::block`]) has dropped
+    /// while in force.
+    pub fn blocked(&self, a: u32, b: u32) -> Result<u64, ChaosError> {
+        self.counter(&["blocked", &a.to_string(), &b.to_string()])
     }
 }
