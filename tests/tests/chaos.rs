@@ -611,7 +611,16 @@ async fn a_partitioned_proc_is_replaced_and_fenced_after_healing() {
     cluster.network().heal();
     let left = process::wait_gone(&[zombie], DEADLINE).await;
     assert!(left.is_empty(), "the zombie still runs after healing");
-    let exited = cluster.allocator().record(&victim).unwrap().exited;
+    // The allocator notes the exit once it has reaped the process, a moment
+    // after it is gone from the process table.
+    let reaped = Instant::now() + DEADLINE;
+    let exited = loop {
+        let exited = cluster.allocator().record(&victim).unwrap().exited;
+        if exited.is_some() || Instant::now() >= reaped {
+            break exited;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(
         matches!(
             exited,
