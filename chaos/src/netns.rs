@@ -38,8 +38,33 @@ pub fn have(program: &str) -> bool {
         .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
 }
 
+/// The variable that makes tests needing namespace hosts fail, rather than
+/// skip, where [`unavailable`] says they cannot run (CI sets it, as root).
+pub const REQUIRE_NETNS: &str = "REGENT_REQUIRE_NETNS";
+/// The variable that makes tests needing `nft` (the firewall and one-way
+/// block faults) fail, rather than skip, where it is missing (CI installs
+/// nftables and sets it).
+pub const REQUIRE_NFT: &str = "REGENT_REQUIRE_NFT";
+
+/// What a test does when something it needs is missing: fails if the
+/// variable `require` is set (someone asked for the test to run, as CI
+/// does for what it installs), else says it skipped (`what` is what is
+/// skipped, `why` why). Returns normally only to skip.
+///
+/// # Panics
+///
+/// When `require` is set: the skip would read as a pass.
+#[track_caller]
+pub fn skip_unless_required(require: &str, what: &str, why: &str) {
+    assert!(
+        std::env::var_os(require).is_none(),
+        "{require} is set, but {what} cannot run: {why}"
+    );
+    println!("skipped: {what} ({why}; set {require} to fail instead)");
+}
+
 /// Why namespace hosts cannot be made here, if they cannot (not root, no
-/// `ip`): tests print it and say they skipped.
+/// `ip`): tests pass it to [`skip_unless_required`] with [`REQUIRE_NETNS`].
 pub fn unavailable() -> Option<String> {
     if !is_root() {
         return Some("not root: network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN".into());

@@ -15,7 +15,8 @@
 //! (`a_partitioned_proc_is_replaced_and_fenced_after_healing`), regression
 //! tests of two mesh bugs the scenarios found, the ordering checker against
 //! real members, and kernel-level cuts between network namespaces (root
-//! only; skipped otherwise).
+//! only; skipped otherwise, and failing instead when `REGENT_REQUIRE_NETNS`
+//! or, for the nftables faults, `REGENT_REQUIRE_NFT` is set).
 
 use std::collections::{BTreeMap, HashSet};
 use std::num::NonZeroU32;
@@ -715,7 +716,8 @@ async fn a_proc_lost_during_a_restart_is_replaced_too() {
 /// its effect: the kernel dropped packets (the firewall's and the block's
 /// counters; for the link cut, packets sent toward the host while it
 /// received none), the proxies delayed datagrams. Skipped (and says so)
-/// without root.
+/// without root, or fails where `REGENT_REQUIRE_NETNS` asks for it; the
+/// nftables faults likewise without `nft` (`REGENT_REQUIRE_NFT`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n01_kernel_cuts_between_namespaces_heal_without_loss() {
     use regent_chaos::netns::{self, Hosts};
@@ -724,7 +726,7 @@ async fn n01_kernel_cuts_between_namespaces_heal_without_loss() {
     use std::sync::Arc;
     logs();
     if let Some(why) = netns::unavailable() {
-        println!("skipped: {why}");
+        netns::skip_unless_required(netns::REQUIRE_NETNS, "the namespace test", &why);
         return;
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/netns-chaos.sh");
@@ -781,7 +783,11 @@ async fn n01_kernel_cuts_between_namespaces_heal_without_loss() {
         });
         timeline.sort_by_key(|f| f.at);
     } else {
-        println!("no `nft`: the one-way block and firewall faults are skipped");
+        netns::skip_unless_required(
+            netns::REQUIRE_NFT,
+            "the one-way block and firewall faults",
+            "no `nft` (nftables)",
+        );
         timeline.retain(|f| !matches!(f.fault, Fault::HostBlock { .. }));
     }
     let s = Scenario::new("n01-netns", Seed(201))
