@@ -17,6 +17,11 @@
 #   netns-setup.sh block A B | unblock A B          one-way drop A->B at the switch (nft bridge family)
 #   netns-setup.sh loss K PCT | unloss K            random loss PCT% on hK egress (nft numgen; netem absent)
 #   netns-setup.sh rate K RATE | unrate K           tbf rate limit on hK eth0, e.g. RATE=1mbit
+#   netns-setup.sh rx K            packets hK's eth0 has received (its kernel counter)
+#   netns-setup.sh root-tx         packets the root ns has sent on its leg (ROOT_LEG=1)
+#   netns-setup.sh dropped K       packets hK's firewall (nft-drop) has dropped so far
+#   netns-setup.sh blocked A B     packets the A->B block has dropped so far
+# (The counters show that a fault had an effect: the chaos runner reads them.)
 set -euo pipefail
 PFX=${PFX:-h}; BR=${PFX}br; NET=10.77.0
 cmd=${1:-up}; shift || true
@@ -62,12 +67,17 @@ bridge_table() {
     ip netns exec $BR nft 'add table bridge part; add chain bridge part pfwd { type filter hook forward priority 0; policy accept; }'
 }
 
+# Sums the "packets N" of nft counters on lines containing $1 (all if empty).
+packets() {
+  awk -v r="${1:-}" 'index($0, r) { for (i = 1; i < NF; i++) if ($i == "packets") s += $(i + 1) } END { print s + 0 }'
+}
+
 case $cmd in
   up)        up "$@" ;;
   down)      down ;;
   cut)       ip -n $BR link set v$1 down ;;
   heal)      ip -n $BR link set v$1 up ;;
-  nft-drop)  ip netns exec $PFX$1 nft 'add table inet part; add chain inet part in { type filter hook input priority 0; policy accept; }; add chain inet part out { type filter hook output priority 0; policy accept; }; add rule inet part in iifname "eth0" drop; add rule inet part out oifname "eth0" drop' ;;
+  nft-drop)  ip netns exec $PFX$1 nft 'add table inet part; add chain inet part in { type filter hook input priority 0; policy accept; }; add chain inet part out { type filter hook output priority 0; policy accept; }; add rule inet part in iifname "eth0" counter drop; add rule inet part out oifname "eth0" counter drop' ;;
   nft-undrop) ip netns exec $PFX$1 nft delete table inet part ;;
   ipt-drop)  ip netns exec $PFX$1 iptables -A INPUT -i eth0 -j DROP
              ip netns exec $PFX$1 iptables -A OUTPUT -o eth0 -j DROP ;;
@@ -79,5 +89,9 @@ case $cmd in
   unloss)    ip netns exec $PFX$1 nft delete table inet loss ;;
   rate)      ip netns exec $PFX$1 tc qdisc replace dev eth0 root tbf rate $2 burst 32kbit latency 50ms ;;
   unrate)    ip netns exec $PFX$1 tc qdisc del dev eth0 root ;;
+  rx)        ip netns exec $PFX$1 cat /sys/class/net/eth0/statistics/rx_packets ;;
+  root-tx)   cat /sys/class/net/${PFX}0root/statistics/tx_packets ;;
+  dropped)   ip netns exec $PFX$1 nft list table inet part | packets ;;
+  blocked)   ip netns exec $BR nft list chain bridge part pfwd | packets "iifname \"v$1\" oifname \"v$2\"" ;;
   *) echo "unknown command $cmd" >&2; exit 2 ;;
 esac

@@ -57,8 +57,20 @@ pub struct Injector {
     counts: BTreeMap<FaultKind, u64>,
     stop_grace: Duration,
     hosts: Option<Arc<Hosts>>,
-    /// Host faults in force, to undo.
-    host_faults: HashMap<u64, Fault>,
+    /// Host faults in force, to undo, with what a cut's effect is
+    /// measured from.
+    host_faults: HashMap<u64, (Fault, Option<CutBaseline>)>,
+    /// Packets the kernel dropped because of host faults, by kind.
+    host_dropped: BTreeMap<FaultKind, u64>,
+}
+
+/// A host's counters read just after its link went down.
+#[derive(Debug, Clone, Copy)]
+struct CutBaseline {
+    /// Packets the host had received.
+    rx: u64,
+    /// Packets the root namespace had sent toward the hosts.
+    root_tx: u64,
 }
 
 impl std::fmt::Debug for Injector {
@@ -84,6 +96,7 @@ impl Injector {
             stop_grace: Duration::from_secs(1),
             hosts: None,
             host_faults: HashMap::new(),
+            host_dropped: BTreeMap::new(),
         }
     }
 
@@ -119,6 +132,55 @@ impl Injector {
     /// Faults started so far, by kind (those that applied).
     pub fn counts(&self) -> &BTreeMap<FaultKind, u64> {
         &self.counts
+    }
+
+    /// Packets the kernel dropped because of host faults that have ended,
+    /// by kind, from its counters: the firewall's and the bridge block's
+    /// drop rules; for a link cut, the packets the root namespace sent
+    /// toward the hosts while the host received none (a cut host that
+    /// received anything counts nothing).
+    pub fn host_dropped(&self) -> &BTreeMap<FaultKind, u64> {
+        &self.host_dropped
+    }
+
+    /// Reads a cut host's counters (just after the cut).
+    fn cut_baseline(&self, fault: &Fault) -> Option<CutBaseline> {
+        let (Fault::HostCut { host }, Some(h)) = (fault, &self.hosts) else {
+            return None;
+        };
+        match (h.rx_packets(*host), h.root_tx_packets()) {
+            (Ok(rx), Ok(root_tx)) => Some(CutBaseline { rx, root_tx }),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(%fault, error = %e, "reading a cut host's counters");
+                None
+            }
+        }
+    }
+
+    /// What a host fault in force has dropped so far (read before it is
+    /// undone).
+    fn host_effect(&self, fault: &Fault, baseline: Option<CutBaseline>) -> u64 {
+        let Some(h) = &self.hosts else { return 0 };
+        let count = match fault {
+            Fault::HostFirewall { host } => h.dropped(*host),
+            Fault::HostBlock { from, to } => h.blocked(*from, *to),
+            Fault::HostCut { host } => {
+                let Some(b) = baseline else { return 0 };
+                match (h.rx_packets(*host), h.root_tx_packets()) {
+                    (Ok(rx), Ok(tx)) if rx == b.rx => Ok(tx.saturating_sub(b.root_tx)),
+                    (Ok(rx), Ok(_)) => {
+                        tracing::warn!(%fault, received = rx.saturating_sub(b.rx), "a cut host received packets");
+                        Ok(0)
+                    }
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                }
+            }
+            _ => Ok(0),
+        };
+        count.unwrap_or_else(|e| {
+            tracing::warn!(%fault, error = %e, "reading a host fault's counters");
+            0
+        })
     }
 
     fn proc_at(&self, rank: u32) -> Option<ProcId> {
@@ -264,7 +326,8 @@ impl Injector {
                 if !self.host_op(fault, false) {
                     return inj;
                 }
-                self.host_faults.insert(id, fault.clone());
+                let baseline = self.cut_baseline(fault);
+                self.host_faults.insert(id, (fault.clone(), baseline));
             }
         }
         if fault.kind().is_link_fault() {
@@ -285,7 +348,9 @@ impl Injector {
             }
             tracing::info!(id, proc = %p, "fault ended: resumed");
         }
-        if let Some(f) = self.host_faults.remove(&id) {
+        if let Some((f, baseline)) = self.host_faults.remove(&id) {
+            let dropped = self.host_effect(&f, baseline);
+            *self.host_dropped.entry(f.kind()).or_insert(0) += dropped;
             self.host_op(&f, true);
             tracing::info!(id, %f, "fault ended: host healed");
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use regent_mesh::{Decision, MeshPolicy, MeshStatus};
 
-use crate::workload::{Life, LifeReport};
+use crate::workload::{Life, LifeReport, Sender};
 
 /// Violations kept per invariant (more are counted, not kept).
 const MAX_KEPT: usize = 20;
@@ -19,6 +19,8 @@ pub mod names {
     pub const NO_ACKED_LOSS: &str = "no acknowledged message lost";
     /// Each cast delivered exactly once to every live member.
     pub const EXACTLY_ONCE: &str = "each cast delivered exactly once to every live member";
+    /// Messages from one sender reach each member life in the order sent.
+    pub const FIFO: &str = "messages from one sender reach each member in the order sent";
     /// No process outlives its owner.
     pub const NO_ORPHANS: &str = "no process outlives its owner";
     /// Restarts within the mesh policy.
@@ -30,9 +32,10 @@ pub mod names {
     pub const GENERATIONS: &str =
         "generations never go backwards; one live member per rank and generation";
     /// Every name, in report order.
-    pub const ALL: [&str; 6] = [
+    pub const ALL: [&str; 7] = [
         NO_ACKED_LOSS,
         EXACTLY_ONCE,
+        FIFO,
         NO_ORPHANS,
         RESTARTS,
         CALL_DEADLINES,
@@ -80,6 +83,13 @@ impl InvariantResult {
         self.violations += 1;
         if self.examples.len() < MAX_KEPT {
             self.examples.push(what);
+        }
+    }
+
+    /// Records a fact that could not be checked, and why.
+    pub fn not_checked(&mut self, what: String) {
+        if self.unchecked.len() < MAX_KEPT {
+            self.unchecked.push(what);
         }
     }
 
@@ -267,6 +277,87 @@ pub fn check_delivery(
         }
     }
     (lost, once)
+}
+
+/// How many of each (life, sender)'s arrivals an earlier round checked
+/// already, keyed by the life's nonce: so that a life that lives through
+/// many rounds has each arrival checked once.
+pub type OrderProgress = BTreeMap<(u64, Sender), u64>;
+
+/// **Messages from one sender reach each member in the order sent**
+/// (FIFO per sender and member): for every life and sender, the numbers of
+/// that sender's messages, in the order the life received them, strictly
+/// increase. Every sender numbers its messages in the order it sends them,
+/// so a decrease is a message overtaken by a later one (or received
+/// twice); a gap is a loss, which [`check_delivery`] judges.
+///
+/// Each arrival past the first is one fact: compared with the arrival
+/// before it. Arrivals inside a [`Run`](crate::workload::Run) increased
+/// (the recorder extends a run only with a greater number); at each run's
+/// start the checker compares its first number with the previous run's
+/// last. Only arrivals past `before` (what an earlier round checked of that
+/// life) are counted; the returned progress is where the next round starts
+/// (for the lives in `reports` only). Arrivals whose order the log did not
+/// keep (past its bounds) are listed as not checked.
+pub fn check_order(
+    reports: &[LifeReport],
+    before: &OrderProgress,
+) -> (InvariantResult, OrderProgress) {
+    let mut r = InvariantResult::new(names::FIFO);
+    let mut progress = OrderProgress::new();
+    for rep in reports {
+        let life = rep.life;
+        if rep.order_dropped > 0 {
+            r.not_checked(format!(
+                "rank {} (born {}): the order of {} records from senders past the log's bound was not kept",
+                life.rank, life.born, rep.order_dropped
+            ));
+        }
+        for (sender, log) in &rep.order {
+            let start = before.get(&(life.nonce, *sender)).copied().unwrap_or(0);
+            progress.insert((life.nonce, *sender), log.covered.max(start));
+            let well_formed = log.covered <= log.arrivals
+                && log.runs.first().is_none_or(|f| f.at == 0)
+                && log.runs.windows(2).all(|w| w[0].at < w[1].at)
+                && log
+                    .runs
+                    .iter()
+                    .all(|run| run.first <= run.last && run.at < log.covered)
+                && (log.runs.is_empty() == (log.covered == 0));
+            if !well_formed {
+                r.violate(format!(
+                    "rank {} (born {}): the order log of {sender} is malformed: {log:?}",
+                    life.rank, life.born
+                ));
+                continue;
+            }
+            for (i, run) in log.runs.iter().enumerate() {
+                let end = log.runs.get(i + 1).map_or(log.covered, |n| n.at);
+                // Arrivals run.at+1..end follow one of the same run.
+                let inner_from = (run.at + 1).max(start);
+                r.checked += end.saturating_sub(inner_from);
+                if i == 0 || run.at < start {
+                    continue;
+                }
+                let prev = &log.runs[i - 1];
+                r.check(run.first > prev.last, || {
+                    format!(
+                        "rank {} (life born in generation {}, pid {}) received message {} from {sender} after message {} (arrival {} of {sender}): out of the order sent",
+                        life.rank, life.born, life.pid, run.first, prev.last, run.at
+                    )
+                });
+            }
+            if log.arrivals > log.covered {
+                r.not_checked(format!(
+                    "rank {} (born {}): the order of {} of {sender}'s last arrivals was not kept (the log's bound)",
+                    life.rank,
+                    life.born,
+                    log.arrivals - log.covered
+                ));
+            }
+        }
+    }
+    (r, progress)
 }
 
 /// One call of the workload, timed.

@@ -38,8 +38,33 @@ pub fn have(program: &str) -> bool {
         .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
 }
 
+/// The variable that makes tests needing namespace hosts fail, rather than
+/// skip, where [`unavailable`] says they cannot run (CI sets it, as root).
+pub const REQUIRE_NETNS: &str = "REGENT_REQUIRE_NETNS";
+/// The variable that makes tests needing `nft` (the firewall and one-way
+/// block faults) fail, rather than skip, where it is missing (CI installs
+/// nftables and sets it).
+pub const REQUIRE_NFT: &str = "REGENT_REQUIRE_NFT";
+
+/// What a test does when something it needs is missing: fails if the
+/// variable `require` is set (someone asked for the test to run, as CI
+/// does for what it installs), else says it skipped (`what` is what is
+/// skipped, `why` why). Returns normally only to skip.
+///
+/// # Panics
+///
+/// When `require` is set: the skip would read as a pass.
+#[track_caller]
+pub fn skip_unless_required(require: &str, what: &str, why: &str) {
+    assert!(
+        std::env::var_os(require).is_none(),
+        "{require} is set, but {what} cannot run: {why}"
+    );
+    println!("skipped: {what} ({why}; set {require} to fail instead)");
+}
+
 /// Why namespace hosts cannot be made here, if they cannot (not root, no
-/// `ip`): tests print it and say they skipped.
+/// `ip`): tests pass it to [`skip_unless_required`] with [`REQUIRE_NETNS`].
 pub fn unavailable() -> Option<String> {
     if !is_root() {
         return Some("not root: network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN".into());
@@ -86,6 +111,11 @@ impl Hosts {
     }
 
     fn run(&self, args: &[&str]) -> Result<(), ChaosError> {
+        self.output(args).map(drop)
+    }
+
+    /// Runs the recipe; its standard output.
+    fn output(&self, args: &[&str]) -> Result<String, ChaosError> {
         let out = Command::new("bash")
             .arg(&self.script)
             .args(args)
@@ -94,7 +124,7 @@ impl Hosts {
             .output()
             .map_err(|e| ChaosError::Netns(format!("running {}: {e}", self.script.display())))?;
         if out.status.success() {
-            Ok(())
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
             Err(ChaosError::Netns(format!(
                 "{} {}: {}",
@@ -149,5 +179,38 @@ impl Hosts {
     /// Removes a [`Hosts::block`].
     pub fn unblock(&self, a: u32, b: u32) -> Result<(), ChaosError> {
         self.run(&["unblock", &a.to_string(), &b.to_string()])
+    }
+
+    fn counter(&self, args: &[&str]) -> Result<u64, ChaosError> {
+        let out = self.output(args)?;
+        out.trim().parse().map_err(|e| {
+            ChaosError::Netns(format!(
+                "{} {}: not a count: {out:?} ({e})",
+                self.script.display(),
+                args.join(" ")
+            ))
+        })
+    }
+
+    /// Packets host `k`'s interface has received (its kernel counter).
+    pub fn rx_packets(&self, k: u32) -> Result<u64, ChaosError> {
+        self.counter(&["rx", &k.to_string()])
+    }
+
+    /// Packets the root namespace has sent on its leg to the bridge.
+    pub fn root_tx_packets(&self) -> Result<u64, ChaosError> {
+        self.counter(&["root-tx"])
+    }
+
+    /// Packets host `k`'s firewall drop ([`Hosts::drop_all`]) has dropped
+    /// while in force.
+    pub fn dropped(&self, k: u32) -> Result<u64, ChaosError> {
+        self.counter(&["dropped", &k.to_string()])
+    }
+
+    /// Packets the block from `a` to `b` ([`Hosts::block`]) has dropped
+    /// while in force.
+    pub fn blocked(&self, a: u32, b: u32) -> Result<u64, ChaosError> {
+        self.counter(&["blocked", &a.to_string(), &b.to_string()])
     }
 }

@@ -121,6 +121,11 @@ pub struct ProxyCounts {
     pub reordered: u64,
     /// Delayed (by a delay, jitter, reordering or bandwidth cap).
     pub delayed: u64,
+    /// Delayed by a link's delay or jitter (a part of `delayed`).
+    pub slowed: u64,
+    /// Paced by a bandwidth cap (a part of `delayed`; dropped ones count in
+    /// `overflowed`).
+    pub throttled: u64,
 }
 
 impl std::ops::Add for ProxyCounts {
@@ -135,6 +140,8 @@ impl std::ops::Add for ProxyCounts {
             duplicated: self.duplicated + o.duplicated,
             reordered: self.reordered + o.reordered,
             delayed: self.delayed + o.delayed,
+            slowed: self.slowed + o.slowed,
+            throttled: self.throttled + o.throttled,
         }
     }
 }
@@ -148,6 +155,8 @@ struct Counters {
     duplicated: AtomicU64,
     reordered: AtomicU64,
     delayed: AtomicU64,
+    slowed: AtomicU64,
+    throttled: AtomicU64,
 }
 
 impl Counters {
@@ -165,6 +174,8 @@ impl Counters {
             duplicated: g(&self.duplicated),
             reordered: g(&self.reordered),
             delayed: g(&self.delayed),
+            slowed: g(&self.slowed),
+            throttled: g(&self.throttled),
         }
     }
 }
@@ -268,6 +279,9 @@ impl Shared {
                 let swing = rng.duration(Duration::ZERO, faults.jitter * 2);
                 delay = (delay + swing).saturating_sub(faults.jitter);
             }
+            if !delay.is_zero() {
+                Counters::bump(&self.counters.slowed);
+            }
             if rng.chance(faults.reorder_probability) {
                 Counters::bump(&self.counters.reordered);
                 delay += self.config.reorder_hold;
@@ -278,7 +292,10 @@ impl Shared {
         let mut at = now + delay;
         if let Some(rate) = faults.bandwidth_bytes_per_sec {
             match self.serialize(from, to, now, bytes.len(), rate.get()) {
-                Some(done) => at = at.max(done + delay),
+                Some(done) => {
+                    Counters::bump(&self.counters.throttled);
+                    at = at.max(done + delay);
+                }
                 None => return Counters::bump(&self.counters.overflowed),
             }
         }
@@ -690,6 +707,18 @@ mod tests {
             .unwrap();
         // 100 ms each way.
         assert!(rtt >= Duration::from_millis(190), "{rtt:?}");
+        assert_eq!(proxy.counts().slowed, 2, "{:?}", proxy.counts());
+        assert_eq!(proxy.counts().throttled, 0, "{:?}", proxy.counts());
+        net.set_all_links(
+            LinkFaults::new().bandwidth_bytes_per_sec(std::num::NonZeroU64::new(1 << 20)),
+        );
+        assert!(
+            round_trip(&client, b"f2", Duration::from_secs(2))
+                .await
+                .is_some()
+        );
+        assert_eq!(proxy.counts().throttled, 2, "{:?}", proxy.counts());
+        assert_eq!(proxy.counts().slowed, 2, "a cap alone adds no latency");
         net.set_all_links(LinkFaults::new().drop_probability(1.0));
         assert!(round_trip(&client, b"g", wait).await.is_none(), "lost");
         assert!(proxy.counts().lost >= 1);

@@ -2,11 +2,13 @@
 //! given, so that the controller can check, after faults, which messages
 //! each member life received and how often.
 //!
-//! Every message carries a sequence number unique in the run. A member
-//! life keeps the numbers it received as disjoint ranges (compact while
-//! deliveries are in order) and the numbers it received more than once.
-//! Each life draws a random nonce when it starts, so two lives of one rank
-//! are never confused.
+//! Every message carries a sequence number unique in the run and the
+//! [`Sender`] (workload task) that sent it. A member life keeps the numbers
+//! it received as disjoint ranges (compact while deliveries are in order)
+//! and the numbers it received more than once; and, per sender, the order
+//! in which they arrived ([`OrderLog`]: runs of increasing numbers, one run
+//! while the order holds). Each life draws a random nonce when it starts,
+//! so two lives of one rank are never confused.
 
 use std::collections::BTreeMap;
 
@@ -20,11 +22,43 @@ pub const MAX_RANGES: usize = 1 << 16;
 pub const MAX_DUPLICATES: usize = 1024;
 /// Ranges one report carries at most (a reply must fit a frame).
 pub const MAX_REPORT_RANGES: usize = 8192;
+/// Runs of arrival order a life keeps per sender at most (one while the
+/// order holds; each order violation starts another). Past it, arrivals
+/// are counted but their order is not kept (the report says so).
+pub const MAX_ORDER_RUNS: usize = 256;
+/// Senders a life keeps the arrival order of at most.
+pub const MAX_SENDERS: usize = 8;
 
 /// The workload actor: see the module documentation.
 pub struct Tally {
     life: Life,
     log: SeqLog,
+    order: BTreeMap<Sender, OrderLog>,
+    /// Records from senders past [`MAX_SENDERS`].
+    order_dropped: u64,
+}
+
+/// Which workload task sent a message: each numbers its messages in the
+/// order it sends them (from one counter shared by all senders, so numbers
+/// are unique in the run and increase along each sender's sends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Sender(pub u32);
+
+impl Sender {
+    /// The task that casts records to every member.
+    pub const CASTER: Self = Self(0);
+    /// The task that calls every member with records.
+    pub const CALLER: Self = Self(1);
+}
+
+impl std::fmt::Display for Sender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Self::CASTER => f.write_str("the caster"),
+            Self::CALLER => f.write_str("the caller"),
+            Self(n) => write!(f, "sender {n}"),
+        }
+    }
 }
 
 /// Who a member life is.
@@ -47,10 +81,13 @@ pub enum TallyMsg {
     Record {
         /// The number.
         seq: u64,
+        /// Who sent it.
+        sender: Sender,
     },
     /// Say who you are (records nothing).
     Probe,
-    /// Report the numbers received at or after `from`.
+    /// Report the numbers received at or after `from`, and the arrival
+    /// order of everything received.
     Report {
         /// The first number of interest.
         from: u64,
@@ -86,6 +123,61 @@ pub struct LifeReport {
     /// Whether the log or the report was cut short by its bounds: the
     /// checker must not trust absences then.
     pub truncated: bool,
+    /// The arrival order of each sender's messages, since the life began.
+    pub order: Vec<(Sender, OrderLog)>,
+    /// Records whose order was not kept (from senders past
+    /// [`MAX_SENDERS`]).
+    pub order_dropped: u64,
+}
+
+/// A stretch of one sender's arrivals at one life in which every number was
+/// greater than the one before: the recorder starts a new run exactly when
+/// an arrival is not greater than the previous arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    /// The arrival (0-based, counting this sender's messages at this life)
+    /// that started the run.
+    pub at: u64,
+    /// Its first number.
+    pub first: u64,
+    /// Its last (and greatest) number.
+    pub last: u64,
+}
+
+/// The order in which one sender's messages arrived at one life, as runs
+/// (see [`Run`]): while messages arrive in the order they were sent, one
+/// run. Bounded by [`MAX_ORDER_RUNS`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderLog {
+    /// The runs, in arrival order.
+    pub runs: Vec<Run>,
+    /// Arrivals the runs describe (the first `covered` ones).
+    pub covered: u64,
+    /// Arrivals in all; past `covered` their order was not kept.
+    pub arrivals: u64,
+}
+
+impl OrderLog {
+    /// Records the arrival of `seq`.
+    pub fn record(&mut self, seq: u64) {
+        let at = self.arrivals;
+        self.arrivals += 1;
+        if self.covered != at {
+            // Cut short earlier: the order is no longer kept.
+            return;
+        }
+        let full = self.runs.len() >= MAX_ORDER_RUNS;
+        match self.runs.last_mut() {
+            Some(run) if seq > run.last => run.last = seq,
+            _ if full => return,
+            _ => self.runs.push(Run {
+                at,
+                first: seq,
+                last: seq,
+            }),
+        }
+        self.covered += 1;
+    }
 }
 
 /// Disjoint ranges of received numbers.
@@ -195,13 +287,20 @@ impl MeshActor for Tally {
                 pid: std::process::id(),
             },
             log: SeqLog::default(),
+            order: BTreeMap::new(),
+            order_dropped: 0,
         })
     }
 
     async fn handle(&mut self, _: &Member, msg: TallyMsg) -> Result<TallyReply, ActorError> {
         Ok(match msg {
-            TallyMsg::Record { seq } => {
+            TallyMsg::Record { seq, sender } => {
                 self.log.insert(seq);
+                if self.order.len() < MAX_SENDERS || self.order.contains_key(&sender) {
+                    self.order.entry(sender).or_default().record(seq);
+                } else {
+                    self.order_dropped += 1;
+                }
                 TallyReply::Life(self.life)
             }
             TallyMsg::Probe => TallyReply::Life(self.life),
@@ -221,6 +320,8 @@ impl MeshActor for Tally {
                     duplicates,
                     recorded: self.log.recorded,
                     truncated: cut || self.log.truncated,
+                    order: self.order.iter().map(|(s, o)| (*s, o.clone())).collect(),
+                    order_dropped: self.order_dropped,
                 })
             }
             TallyMsg::Panic => panic_hook(self.life.rank)?,
@@ -252,5 +353,61 @@ mod tests {
         assert_eq!(log.since(8), (vec![(10, 10)], false));
         assert!(log.contains(10) && !log.contains(9));
         assert_eq!(log.recorded, 9);
+    }
+
+    #[test]
+    fn the_order_log_is_one_run_while_the_order_holds() {
+        let mut o = OrderLog::default();
+        for s in [1, 4, 9, 10] {
+            o.record(s);
+        }
+        assert_eq!(
+            o.runs,
+            vec![Run {
+                at: 0,
+                first: 1,
+                last: 10
+            }]
+        );
+        assert_eq!((o.covered, o.arrivals), (4, 4));
+        // 7 after 10: a new run starts at arrival 4; a repeat too.
+        o.record(7);
+        o.record(8);
+        o.record(8);
+        assert_eq!(
+            o.runs,
+            vec![
+                Run {
+                    at: 0,
+                    first: 1,
+                    last: 10
+                },
+                Run {
+                    at: 4,
+                    first: 7,
+                    last: 8
+                },
+                Run {
+                    at: 6,
+                    first: 8,
+                    last: 8
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn the_order_log_is_bounded_and_says_what_it_dropped() {
+        let mut o = OrderLog::default();
+        for i in 0..(MAX_ORDER_RUNS as u64 + 10) {
+            // Every arrival below the one before: a run each.
+            o.record(1_000_000 - i);
+        }
+        assert_eq!(o.runs.len(), MAX_ORDER_RUNS);
+        assert_eq!(o.covered, MAX_ORDER_RUNS as u64);
+        assert_eq!(o.arrivals, MAX_ORDER_RUNS as u64 + 10);
+        // Once cut short, even increasing arrivals are not appended.
+        o.record(2_000_000);
+        assert_eq!(o.covered, MAX_ORDER_RUNS as u64);
     }
 }

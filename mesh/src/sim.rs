@@ -3,12 +3,19 @@
 //! carried by in-memory channels instead of QUIC. It shows what the tree does
 //! at 10,000 or 100,000 members — depth, the controller's fan-out, every
 //! member reached exactly once — on one machine.
+//!
+//! The depth is measured, not computed: every command travels with the
+//! number of hops it has taken (in the simulation's channels, not in the
+//! wire types), a proc's commands go one hop further than the one it is
+//! handling, and the depth is the most hops a cast frame took. A proc
+//! forwards a cast while it handles it (before taking its next command),
+//! so what it sends belongs to the frame it handles.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -59,10 +66,15 @@ fn sim_types(name: &str) -> Option<&'static crate::registry::ActorType> {
     (name == SimMember::NAME).then_some(&SIM_MEMBER)
 }
 
+/// A command and the hops it has taken (1: sent by the controller).
+type Hopped = (u32, ProcCommand);
+
 struct World {
-    inboxes: Vec<mpsc::UnboundedSender<ProcCommand>>,
+    inboxes: Vec<mpsc::UnboundedSender<Hopped>>,
     pending: HashMap<ProcId, Arc<Pending>>,
     frames: AtomicU64,
+    /// The most hops a cast frame has taken since it was last reset.
+    cast_hops: AtomicU32,
 }
 
 struct SimFabric {
@@ -70,6 +82,8 @@ struct SimFabric {
     me: ProcId,
     sent: AtomicU64,
     lost: LostProcs,
+    /// Hops the command this node is handling took (0 at the controller).
+    hops: AtomicU32,
 }
 
 impl Fabric for SimFabric {
@@ -82,13 +96,17 @@ impl Fabric for SimFabric {
     ) -> BoxFuture<'_, Result<(), SendProblem>> {
         self.world.frames.fetch_add(1, Ordering::Relaxed);
         self.sent.fetch_add(1, Ordering::Relaxed);
+        let hops = self.hops.load(Ordering::Relaxed).saturating_add(1);
+        if matches!(cmd, ProcCommand::Cast(_)) {
+            self.world.cast_hops.fetch_max(hops, Ordering::Relaxed);
+        }
         let r = self
             .world
             .inboxes
             .get(proc as usize)
             .ok_or_else(|| SendProblem::Other(format!("no proc {proc}")))
             .and_then(|tx| {
-                tx.send(cmd)
+                tx.send((hops, cmd))
                     .map_err(|_| SendProblem::Other(format!("proc {proc} is gone")))
             });
         async move { r }.boxed()
@@ -127,8 +145,12 @@ pub struct SimReport {
     pub procs: u32,
     /// The tree's fan-out.
     pub fanout: u32,
-    /// Hops from the controller to the farthest proc.
+    /// Hops from the controller to the farthest proc, measured: the most
+    /// hops a frame of the cast took.
     pub depth: u32,
+    /// The depth the tree's formula gives (`tree::depth`), which the
+    /// measured one checks.
+    pub depth_formula: u32,
     /// Frames the controller sent for one cast.
     pub controller_frames: u64,
     /// Frames all nodes sent for one cast.
@@ -180,6 +202,7 @@ pub async fn simulate(
         inboxes,
         pending,
         frames: AtomicU64::new(0),
+        cast_hops: AtomicU32::new(0),
     });
     let mut tasks = Vec::with_capacity(procs as usize);
     for (id, mut rx) in ids.iter().cloned().zip(receivers) {
@@ -188,12 +211,14 @@ pub async fn simulate(
             me: id.clone(),
             sent: AtomicU64::new(0),
             lost: LostProcs::default(),
+            hops: AtomicU32::new(0),
         });
         let p = world.pending[&id].clone();
         let owner = root.clone();
         tasks.push(tokio::spawn(async move {
-            let mut rt = ProcRuntime::start(fabric, p, None, None, sim_types);
-            while let Some(cmd) = rx.recv().await {
+            let mut rt = ProcRuntime::start(fabric.clone(), p, None, None, sim_types);
+            while let Some((hops, cmd)) = rx.recv().await {
+                fabric.hops.store(hops, Ordering::Relaxed);
                 // The simulation's commands all come from its root.
                 if rt.handle(cmd, true, &owner).await.is_some() {
                     break;
@@ -208,6 +233,7 @@ pub async fn simulate(
         me: root.clone(),
         sent: AtomicU64::new(0),
         lost: LostProcs::default(),
+        hops: AtomicU32::new(0),
     };
     let root_pending = world.pending[&root].clone();
     let info = MeshInfo {
@@ -287,12 +313,14 @@ pub async fn simulate(
     };
     let frames_before = world.frames.load(Ordering::Relaxed);
     let sent_before = fabric.sent.load(Ordering::Relaxed);
+    world.cast_hops.store(0, Ordering::Relaxed);
     let t = Instant::now();
     let d = node::dispatch(&fabric, &root_pending, &info, &frame(Collect::Ack)?, None).await;
     let controller_frames = fabric.sent.load(Ordering::Relaxed) - sent_before;
     let acked = node::collect(&root_pending, d).await;
     let cast = t.elapsed();
     let frames = world.frames.load(Ordering::Relaxed) - frames_before;
+    let depth = world.cast_hops.load(Ordering::Relaxed);
     if !acked.failed.is_empty() || acked.ok != procs * per_proc {
         return Err(SimError(format!(
             "cast reached {} of {} members ({} failed)",
@@ -327,7 +355,7 @@ pub async fn simulate(
         )));
     }
     for tx in &world.inboxes {
-        let _ = tx.send(ProcCommand::Exit);
+        let _ = tx.send((1, ProcCommand::Exit));
     }
     for t in tasks {
         t.await.map_err(err)??;
@@ -336,7 +364,8 @@ pub async fn simulate(
         members: procs * per_proc,
         procs,
         fanout: fanout.get(),
-        depth: tree::depth(procs, fanout),
+        depth,
+        depth_formula: tree::depth(procs, fanout),
         controller_frames,
         frames,
         answered: gathered.values.len() as u32,
@@ -356,9 +385,23 @@ mod tests {
         let r = simulate(625, 16, fanout).await.unwrap();
         assert_eq!(r.members, 10_000);
         assert_eq!(r.answered, 10_000);
-        assert_eq!(r.depth, 3);
+        // Measured from the hops the frames took, and as the formula says.
+        assert_eq!(r.depth, 3, "{r:?}");
+        assert_eq!(r.depth_formula, 3, "{r:?}");
         assert!(r.controller_frames <= 16, "{r:?}");
         // Each proc receives the cast once: one frame per proc.
         assert_eq!(r.frames, 625, "{r:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_measured_depth_follows_the_fanout() {
+        // Fan-out 2 over 9 procs: the controller sends to the heads of
+        // 0..5 and 5..9; proc 0 to those of 1..3 and 3..5; proc 1 to proc 2:
+        // three hops to proc 2.
+        let r = simulate(9, 1, NonZeroU32::new(2).unwrap()).await.unwrap();
+        assert_eq!((r.depth, r.depth_formula), (3, 3), "{r:?}");
+        assert_eq!(r.answered, 9);
+        let flat = simulate(5, 2, NonZeroU32::new(16).unwrap()).await.unwrap();
+        assert_eq!((flat.depth, flat.depth_formula), (1, 1), "{flat:?}");
     }
 }

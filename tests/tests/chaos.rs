@@ -3,20 +3,28 @@
 //! reordering and bandwidth caps on meshes of 4–8 real procs
 //! (`chaos_proc`) behind UDP chaos proxies, running a workload that counts
 //! and checks its messages; every invariant of `docs/semantics.md` §7 is
-//! checked after each. Every scenario prints its seed and timeline; the
-//! same seed replays the same timeline.
+//! checked after each, and must have checked something. Every scenario
+//! prints its seed and timeline; the same seed replays the same timeline.
+//! Every scenario also asserts that the faults it schedules were injected
+//! and had their effect (`assert_effects`): a kill, stop or panic was
+//! detected and repaired by a restart, a long enough pause or cut was
+//! detected, a degraded link lost, delayed, duplicated, reordered or paced
+//! datagrams — so no scenario passes with no fault.
 //!
 //! Also here: the partitioned-proc test of the mesh supervision issue
 //! (`a_partitioned_proc_is_replaced_and_fenced_after_healing`), regression
-//! tests of two mesh bugs the scenarios found, and kernel-level cuts between
-//! network namespaces (root only; skipped otherwise).
+//! tests of two mesh bugs the scenarios found, the ordering checker against
+//! real members, and kernel-level cuts between network namespaces (root
+//! only; skipped otherwise, and failing instead when `REGENT_REQUIRE_NETNS`
+//! or, for the nftables faults, `REGENT_REQUIRE_NFT` is set).
 
 use std::collections::{BTreeMap, HashSet};
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
+use regent_chaos::invariant::{self, OrderProgress, names};
 use regent_chaos::scenario::run;
-use regent_chaos::workload::{Life, Tally, TallyArgs, TallyMsg, TallyReply};
+use regent_chaos::workload::{Life, Sender, Tally, TallyArgs, TallyMsg, TallyReply};
 use regent_chaos::{
     ChaosCluster, ClusterConfig, FaultKind, FaultMix, Length, Report, Scenario, ScheduleConfig,
     Seed, process,
@@ -44,17 +52,120 @@ fn logs() {
     }
 }
 
-async fn play(s: Scenario) -> Report {
+/// A pause or cut this long outlasts the procs' 1 s failure timeout with
+/// room to spare: the owner must detect its failure.
+const DETECTABLE: Duration = Duration::from_millis(1500);
+
+/// The invariants that read the members' logs: not checkable in a round
+/// whose mesh its policy stopped (its members are gone).
+const FROM_LOGS: [&str; 3] = [names::NO_ACKED_LOSS, names::EXACTLY_ONCE, names::FIFO];
+
+/// Runs one round of a scenario and prints its report.
+async fn run_one(s: &Scenario) -> Report {
     logs();
     println!("scenario {} seed {}", s.name, s.seed);
-    let r = run(&s, cluster(), Length::Rounds(1), |p| {
+    let r = run(s, cluster(), Length::Rounds(1), |p| {
         println!("{}", p.schedule)
     })
     .await
     .expect("the scenario could not start");
     println!("{r}");
-    r.assert_clean();
     r
+}
+
+/// Plays one round: every invariant held and checked something, and every
+/// fault of the timeline was injected and had its effect.
+async fn play(s: Scenario) -> Report {
+    let r = run_one(&s).await;
+    r.assert_clean();
+    assert_effects(&s, &r);
+    r
+}
+
+/// Plays one round of a scenario whose policy stops the mesh: every
+/// invariant held; those that read the members' logs may not have checked
+/// anything, but say why.
+async fn play_until_stopped(s: Scenario) -> Report {
+    let r = run_one(&s).await;
+    r.assert_clean_except(&FROM_LOGS);
+    assert!(r.status.is_done(), "the mesh did not stop: {r}");
+    r
+}
+
+/// Every fault kind in the scenario's (one-round) timeline was injected
+/// and had its effect:
+/// - a kill, graceful stop or panic: its failure was detected and, under a
+///   restart policy, repaired by a restart;
+/// - a pause, blackhole or partition: a blackhole or partition cut
+///   datagrams; one lasting at least [`DETECTABLE`] was detected and
+///   repaired;
+/// - loss, delay, duplication, reordering, a bandwidth cap: the proxies
+///   lost, slowed, duplicated, reordered or paced datagrams;
+/// - host faults: the kernel dropped packets.
+fn assert_effects(s: &Scenario, r: &Report) {
+    use FaultKind::*;
+    let timeline = s.round_schedule(0);
+    assert!(
+        !timeline.faults.is_empty(),
+        "the scenario schedules no fault"
+    );
+    let restarts = matches!(
+        s.policy.on_failure,
+        Decision::RestartMember | Decision::RestartMesh
+    );
+    let p = &r.proxy;
+    for (kind, scheduled) in timeline.counts() {
+        assert!(
+            r.injected(kind) > 0,
+            "{kind}: {scheduled} scheduled, none injected\n{r}"
+        );
+        let long = timeline
+            .faults
+            .iter()
+            .any(|f| f.fault.kind() == kind && f.lasts.is_some_and(|d| d >= DETECTABLE));
+        let must_fail = match kind {
+            Kill | Stop | Panic => true,
+            Pause => long,
+            Blackhole | Partition | OneWayPartition => {
+                assert!(p.cut > 0, "{kind}: no datagram was cut\n{r}");
+                long
+            }
+            Loss => {
+                assert!(p.lost > 0, "{kind}: no datagram was lost\n{r}");
+                false
+            }
+            Delay => {
+                assert!(p.slowed > 0, "{kind}: no datagram was delayed\n{r}");
+                false
+            }
+            Duplicate => {
+                assert!(p.duplicated > 0, "{kind}: no datagram was duplicated\n{r}");
+                false
+            }
+            Reorder => {
+                assert!(p.reordered > 0, "{kind}: no datagram was reordered\n{r}");
+                false
+            }
+            Bandwidth => {
+                assert!(p.throttled > 0, "{kind}: no datagram was paced\n{r}");
+                false
+            }
+            HostCut | HostFirewall | HostBlock => {
+                let dropped = r.host_dropped.get(&kind).copied().unwrap_or(0);
+                assert!(dropped > 0, "{kind}: the kernel dropped nothing\n{r}");
+                false
+            }
+        };
+        if must_fail {
+            assert!(r.detected(kind) > 0, "{kind}: no failure was detected\n{r}");
+            if restarts {
+                assert!(
+                    r.recovered(kind) > 0,
+                    "{kind}: its failure was not repaired by a restart\n{r}"
+                );
+            }
+        }
+    }
 }
 
 fn mix(kinds: &[FaultKind]) -> ScheduleConfig {
@@ -63,10 +174,6 @@ fn mix(kinds: &[FaultKind]) -> ScheduleConfig {
 
 fn fanout(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("a fan-out is positive")
-}
-
-fn faults(r: &Report, kind: FaultKind) -> u64 {
-    r.faults.get(&kind).copied().unwrap_or(0)
 }
 
 #[test]
@@ -88,7 +195,8 @@ fn the_same_seed_replays_the_same_timeline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s01_kills() {
     let r = play(Scenario::new("s01-kills", Seed(101)).schedule(mix(&[FaultKind::Kill]))).await;
-    assert!(faults(&r, FaultKind::Kill) > 0 && r.recoveries > 0);
+    assert_eq!(r.injected(FaultKind::Kill), 4, "{r}");
+    assert!(r.recoveries > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,12 +205,15 @@ async fn s02_pauses() {
         mix(&[FaultKind::Pause]).lasting(Duration::from_millis(200), Duration::from_secs(3)),
     ))
     .await;
-    assert!(faults(&r, FaultKind::Pause) > 0);
+    // Two of its pauses (1.7 s, 1.6 s) outlast the failure timeout.
+    assert!(r.detected(FaultKind::Pause) > 0 && r.recoveries > 0, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s03_graceful_stops() {
-    play(Scenario::new("s03-graceful-stops", Seed(103)).schedule(mix(&[FaultKind::Stop]))).await;
+    let r = play(Scenario::new("s03-graceful-stops", Seed(103)).schedule(mix(&[FaultKind::Stop])))
+        .await;
+    assert!(r.recoveries > 0, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,21 +225,26 @@ async fn s04_actor_panics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s05_partitions() {
-    play(Scenario::new("s05-partitions", Seed(105)).schedule(mix(&[FaultKind::Partition]))).await;
+    let r = play(Scenario::new("s05-partitions", Seed(105)).schedule(mix(&[FaultKind::Partition])))
+        .await;
+    assert!(r.detected(FaultKind::Partition) > 0, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s06_one_way_partitions() {
-    play(
+    let r = play(
         Scenario::new("s06-one-way-partitions", Seed(106))
             .schedule(mix(&[FaultKind::OneWayPartition])),
     )
     .await;
+    assert!(r.detected(FaultKind::OneWayPartition) > 0, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s07_blackholes() {
-    play(Scenario::new("s07-blackholes", Seed(107)).schedule(mix(&[FaultKind::Blackhole]))).await;
+    let r = play(Scenario::new("s07-blackholes", Seed(107)).schedule(mix(&[FaultKind::Blackhole])))
+        .await;
+    assert!(r.detected(FaultKind::Blackhole) > 0, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +263,7 @@ async fn s09_delay_with_jitter() {
         mix(&[FaultKind::Delay]).lasting(Duration::from_secs(1), Duration::from_secs(4)),
     ))
     .await;
-    assert!(r.proxy.delayed > 0, "datagrams were delayed");
+    assert!(r.proxy.slowed > 0, "datagrams were delayed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,15 +275,16 @@ async fn s10_duplication_and_reordering() {
         ),
     )
     .await;
-    assert!(r.proxy.duplicated + r.proxy.reordered > 0);
+    assert!(r.proxy.duplicated > 0 && r.proxy.reordered > 0, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s11_bandwidth_caps() {
-    play(Scenario::new("s11-bandwidth", Seed(111)).schedule(
+    let r = play(Scenario::new("s11-bandwidth", Seed(111)).schedule(
         mix(&[FaultKind::Bandwidth]).lasting(Duration::from_secs(1), Duration::from_secs(4)),
     ))
     .await;
+    assert!(r.proxy.throttled > 0, "datagrams were paced");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,9 +300,11 @@ async fn s13_everything_on_eight_procs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s14_a_deep_cast_tree_under_partitions() {
     // Fan-out 2: procs forward casts to procs, so partitions between procs
-    // (not only from the controller) cut the tree.
+    // (not only from the controller) cut the tree. Seed 1150's timeline: a
+    // one-way and a two-way partition (each over 2 s, the second with
+    // procs on the controller's side), a delay, a kill.
     play(
-        Scenario::new("s14-deep-tree", Seed(114))
+        Scenario::new("s14-deep-tree", Seed(1150))
             .mesh(6, 1)
             .fanout(fanout(2))
             .schedule(mix(&[
@@ -214,8 +333,10 @@ async fn s15_kills_and_partitions_under_gang_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s16_pauses_and_loss_under_gang_restarts() {
+    // Seed 1118's timeline: a 2 s pause (a gang restart), loss, a short
+    // pause, reordering.
     play(
-        Scenario::new("s16-restart-mesh-pauses", Seed(116))
+        Scenario::new("s16-restart-mesh-pauses", Seed(1118))
             .policy(MeshPolicy::new(Decision::RestartMesh).intensity(100, Duration::from_secs(60)))
             .schedule(mix(&[
                 FaultKind::Pause,
@@ -242,8 +363,9 @@ async fn s17_a_dense_mix_on_six_procs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s18_process_faults_on_a_degraded_network() {
+    // Seed 1143's timeline has each of the five kinds.
     play(
-        Scenario::new("s18-degraded", Seed(118)).schedule(
+        Scenario::new("s18-degraded", Seed(1143)).schedule(
             mix(&[
                 FaultKind::Kill,
                 FaultKind::Pause,
@@ -259,12 +381,15 @@ async fn s18_process_faults_on_a_degraded_network() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s19_the_stop_policy_stops_at_the_first_failure() {
-    let r = play(
+    let r = play_until_stopped(
         Scenario::new("s19-stop-policy", Seed(119))
             .policy(MeshPolicy::new(Decision::Stop))
             .schedule(mix(&[FaultKind::Kill, FaultKind::Blackhole])),
     )
     .await;
+    // Its first fault is a kill: detected, and the mesh stopped.
+    assert!(r.injected(FaultKind::Kill) > 0, "{r}");
+    assert!(r.detected(FaultKind::Kill) > 0, "{r}");
     assert!(
         matches!(r.status, MeshStatus::Stopped(Some(_))),
         "{:?}",
@@ -275,7 +400,7 @@ async fn s19_the_stop_policy_stops_at_the_first_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s20_exhausted_intensity_escalates() {
-    let r = play(
+    let r = play_until_stopped(
         Scenario::new("s20-intensity", Seed(120))
             .policy(MeshPolicy::new(Decision::RestartMember).intensity(2, Duration::from_secs(60)))
             .schedule(
@@ -289,6 +414,12 @@ async fn s20_exhausted_intensity_escalates() {
         r.status
     );
     assert!(r.generation <= 2, "at most 2 restarts: {}", r.generation);
+    // Kills and panics were detected, and restarts happened before the
+    // policy gave up.
+    assert!(r.detected(FaultKind::Kill) > 0, "{r}");
+    assert!(r.detected(FaultKind::Panic) > 0, "{r}");
+    assert!(r.recoveries > 0, "{r}");
+    assert!(r.failures_seen > 2, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,6 +455,74 @@ async fn lives(mesh: &ActorMesh<Tally>) -> BTreeMap<u32, Life> {
             other => panic!("{other:?}"),
         })
         .collect()
+}
+
+/// What every member received, as reported.
+async fn member_reports(mesh: &ActorMesh<Tally>) -> Vec<regent_chaos::workload::LifeReport> {
+    let vm = mesh
+        .call_within(
+            &Selection::All,
+            &TallyMsg::Report { from: 0 },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    vm.into_result()
+        .unwrap()
+        .into_iter()
+        .map(|(_, reply)| match reply {
+            TallyReply::Report(rep) => rep,
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+/// The ordering invariant on what real members recorded: casts from one
+/// sender numbered out of the order they are sent (3 before 2) are
+/// reported at every member; the same numbers from two senders, each in
+/// its own order, are not; and each arrival is counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_order_checker_catches_a_sender_out_of_order_at_real_members() {
+    let cluster = ChaosCluster::start(cluster(), Seed(10)).await.unwrap();
+    let procs = cluster.spawn_procs(2).await.unwrap();
+    let mesh = procs
+        .spawn::<Tally>("tally", 2, &TallyArgs::default())
+        .await
+        .unwrap();
+    let record = |seq, sender| TallyMsg::Record { seq, sender };
+    // In order per sender, interleaved across senders.
+    for (seq, sender) in [
+        (1, Sender::CASTER),
+        (2, Sender::CALLER),
+        (3, Sender::CASTER),
+        (4, Sender::CASTER),
+        (5, Sender::CALLER),
+    ] {
+        mesh.cast(&Selection::All, &record(seq, sender))
+            .await
+            .unwrap().into_result().unwrap();
+    }
+    let (fifo, progress) =
+        invariant::check_order(&member_reports(&mesh).await, &OrderProgress::new());
+    assert!(fifo.ok(), "{fifo}");
+    // Per member: 2 of the caster's 3 arrivals and 1 of the caller's 2 follow another.
+    assert_eq!(fifo.checked, 4 * 3, "{fifo}");
+    // The caster's 7 overtakes its 6.
+    for seq in [7, 6] {
+        mesh.cast(&Selection::All, &record(seq, Sender::CASTER))
+            .await
+            .unwrap().into_result().unwrap();
+    }
+    let (fifo, _) = invariant::check_order(&member_reports(&mesh).await, &progress);
+    assert_eq!(fifo.violations, 4, "one per member: {fifo}");
+    assert_eq!(fifo.checked, 4 * 2, "only the new arrivals: {fifo}");
+    mesh.stop().await.unwrap();
+    drop(procs);
+    let survivors = cluster.shutdown(DEADLINE).await;
+    assert!(
+        survivors.is_empty(),
+        "procs outlived the test: {survivors:?}"
+    );
 }
 
 /// The partitioned proc of the mesh supervision issue, with real processes
@@ -413,7 +612,16 @@ async fn a_partitioned_proc_is_replaced_and_fenced_after_healing() {
     cluster.network().heal();
     let left = process::wait_gone(&[zombie], DEADLINE).await;
     assert!(left.is_empty(), "the zombie still runs after healing");
-    let exited = cluster.allocator().record(&victim).unwrap().exited;
+    // The allocator notes the exit once it has reaped the process, a moment
+    // after it is gone from the process table.
+    let reaped = Instant::now() + DEADLINE;
+    let exited = loop {
+        let exited = cluster.allocator().record(&victim).unwrap().exited;
+        if exited.is_some() || Instant::now() >= reaped {
+            break exited;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(
         matches!(
             exited,
@@ -504,8 +712,12 @@ async fn a_proc_lost_during_a_restart_is_replaced_too() {
 /// it one way at the bridge, drops all its traffic in its firewall
 /// (nftables), and adds delay through the proxies (no netem in this kernel).
 /// Each cut is shorter than the failure timeout: nothing may fail, and the
-/// workload's every message arrives exactly once. Skipped (and says so)
-/// without root.
+/// workload's every message arrives exactly once. Each fault must have had
+/// its effect: the kernel dropped packets (the firewall's and the block's
+/// counters; for the link cut, packets sent toward the host while it
+/// received none), the proxies delayed datagrams. Skipped (and says so)
+/// without root, or fails where `REGENT_REQUIRE_NETNS` asks for it; the
+/// nftables faults likewise without `nft` (`REGENT_REQUIRE_NFT`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n01_kernel_cuts_between_namespaces_heal_without_loss() {
     use regent_chaos::netns::{self, Hosts};
@@ -514,7 +726,7 @@ async fn n01_kernel_cuts_between_namespaces_heal_without_loss() {
     use std::sync::Arc;
     logs();
     if let Some(why) = netns::unavailable() {
-        println!("skipped: {why}");
+        netns::skip_unless_required(netns::REQUIRE_NETNS, "the namespace test", &why);
         return;
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/netns-chaos.sh");
@@ -571,7 +783,11 @@ async fn n01_kernel_cuts_between_namespaces_heal_without_loss() {
         });
         timeline.sort_by_key(|f| f.at);
     } else {
-        println!("no `nft`: the one-way block and firewall faults are skipped");
+        netns::skip_unless_required(
+            netns::REQUIRE_NFT,
+            "the one-way block and firewall faults",
+            "no `nft` (nftables)",
+        );
         timeline.retain(|f| !matches!(f.fault, Fault::HostBlock { .. }));
     }
     let s = Scenario::new("n01-netns", Seed(201))
@@ -586,10 +802,12 @@ async fn n01_kernel_cuts_between_namespaces_heal_without_loss() {
     .expect("the scenario could not start");
     println!("{r}");
     r.assert_clean();
-    assert!(faults(&r, FaultKind::HostCut) == 1, "{r}");
+    assert_effects(&s, &r);
+    assert_eq!(r.injected(FaultKind::HostCut), 1, "{r}");
+    assert_eq!(r.injected(FaultKind::Delay), 1, "{r}");
     if nft {
-        assert_eq!(faults(&r, FaultKind::HostBlock), 1, "{r}");
-        assert_eq!(faults(&r, FaultKind::HostFirewall), 1, "{r}");
+        assert_eq!(r.injected(FaultKind::HostBlock), 1, "{r}");
+        assert_eq!(r.injected(FaultKind::HostFirewall), 1, "{r}");
     }
     // Cuts under the failure timeout usually fail nothing; on a loaded
     // machine a late heartbeat may still fail a link, and the invariants

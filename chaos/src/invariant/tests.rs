@@ -1,5 +1,5 @@
 use super::*;
-use crate::workload::{Life, LifeReport};
+use crate::workload::{Life, LifeReport, OrderLog, Sender};
 
 fn life(rank: u32, born: u64, nonce: u64) -> Life {
     Life {
@@ -17,8 +17,26 @@ fn report(l: Life, ranges: Vec<(u64, u64)>, duplicates: Vec<u64>) -> LifeReport 
         duplicates,
         recorded: 0,
         truncated: false,
+        order: Vec::new(),
+        order_dropped: 0,
     }
 }
+
+/// A report whose life received these numbers from these senders, in this
+/// order (recorded by the workload's own recorder).
+fn arrivals(l: Life, seqs: &[(Sender, u64)]) -> LifeReport {
+    let mut logs: BTreeMap<Sender, OrderLog> = BTreeMap::new();
+    for (sender, seq) in seqs {
+        logs.entry(*sender).or_default().record(*seq);
+    }
+    LifeReport {
+        order: logs.into_iter().collect(),
+        ..report(l, vec![], vec![])
+    }
+}
+
+const A: Sender = Sender::CASTER;
+const B: Sender = Sender::CALLER;
 
 fn cast(seq: u64, g: u64, acked: Acked) -> SendRecord {
     SendRecord {
@@ -161,4 +179,93 @@ fn restarts_follow_the_policy() {
 fn processes_that_survive_are_reported() {
     assert!(check_processes(&[1, 2], &[], "after stop").ok());
     assert_eq!(check_processes(&[1, 2], &[2], "after stop").violations, 1);
+}
+
+#[test]
+fn arrivals_in_the_order_sent_hold_and_each_counts_once() {
+    // Two senders interleaved: each in its own order.
+    let rep = arrivals(
+        life(0, 0, 1),
+        &[(A, 1), (B, 2), (A, 3), (A, 5), (B, 4), (A, 6)],
+    );
+    let (r, progress) = check_order(std::slice::from_ref(&rep), &OrderProgress::new());
+    assert!(r.ok(), "{r}");
+    // A: 4 arrivals, 3 compared with the one before; B: 2, 1.
+    assert_eq!(r.checked, 4, "{r}");
+    assert!(r.unchecked.is_empty());
+    assert_eq!(progress[&(1, A)], 4);
+    assert_eq!(progress[&(1, B)], 2);
+    // The next round sees the same life with nothing new: nothing counted.
+    let (again, _) = check_order(&[rep], &progress);
+    assert_eq!(again.checked, 0);
+}
+
+#[test]
+fn a_reordered_pair_from_one_sender_is_reported() {
+    // Sender A's 3 overtook its 2.
+    let rep = arrivals(life(2, 0, 7), &[(A, 1), (A, 3), (A, 2), (A, 4)]);
+    let (r, _) = check_order(&[rep], &OrderProgress::new());
+    assert_eq!(r.violations, 1, "{r}");
+    assert_eq!(r.checked, 3, "{r}");
+    assert!(
+        r.examples[0].contains("rank 2")
+            && r.examples[0].contains("message 2 from the caster after message 3"),
+        "{r}"
+    );
+}
+
+#[test]
+fn a_repeat_from_one_sender_breaks_the_order() {
+    let rep = arrivals(life(0, 0, 1), &[(A, 1), (A, 2), (A, 2)]);
+    let (r, _) = check_order(&[rep], &OrderProgress::new());
+    assert_eq!(r.violations, 1, "{r}");
+}
+
+#[test]
+fn a_reorder_in_a_later_round_is_reported_once() {
+    let l = life(0, 0, 1);
+    let first = arrivals(l, &[(A, 1), (A, 2)]);
+    let (r1, progress) = check_order(&[first], &OrderProgress::new());
+    assert!(r1.ok());
+    // Round two: the same life has since received 5, then 4 (out of order).
+    let second = arrivals(l, &[(A, 1), (A, 2), (A, 5), (A, 4)]);
+    let (r2, progress) = check_order(std::slice::from_ref(&second), &progress);
+    assert_eq!((r2.checked, r2.violations), (2, 1), "{r2}");
+    // Round three, nothing new: the violation is not reported again.
+    let (r3, _) = check_order(&[second], &progress);
+    assert_eq!((r3.checked, r3.violations), (0, 0), "{r3}");
+}
+
+#[test]
+fn order_not_kept_is_listed_not_counted_as_holding() {
+    let mut log = OrderLog::default();
+    for i in 0..(crate::workload::MAX_ORDER_RUNS as u64 + 5) {
+        log.record(1_000 - i);
+    }
+    let rep = LifeReport {
+        order: vec![(A, log)],
+        ..report(life(0, 0, 1), vec![], vec![])
+    };
+    let (r, _) = check_order(&[rep], &OrderProgress::new());
+    assert_eq!(r.violations, crate::workload::MAX_ORDER_RUNS as u64 - 1);
+    assert_eq!(r.unchecked.len(), 1, "{r}");
+}
+
+#[test]
+fn a_malformed_order_log_is_a_violation() {
+    let log = OrderLog {
+        runs: vec![crate::workload::Run {
+            at: 3,
+            first: 1,
+            last: 2,
+        }],
+        covered: 2,
+        arrivals: 2,
+    };
+    let rep = LifeReport {
+        order: vec![(A, log)],
+        ..report(life(0, 0, 1), vec![], vec![])
+    };
+    let (r, _) = check_order(&[rep], &OrderProgress::new());
+    assert_eq!(r.violations, 1, "{r}");
 }

@@ -4,8 +4,11 @@
 //! Every figure prints as one line:
 //!
 //! ```text
-//! <suite>.<figure>: <value> <unit> (baseline <name> <value> <unit>, ratio <r>)
+//! <suite>.<figure>: <value> <unit> (n=<samples>, baseline <name> <value> <unit>, ratio <r>)
 //! ```
+//!
+//! where `n` (how many samples the value rests on) and the baseline are
+//! there when the figure has them.
 
 use std::fmt;
 use std::path::Path;
@@ -53,6 +56,8 @@ pub(crate) struct Figure {
     pub(crate) baseline: Option<Baseline>,
     /// `value / baseline.value`.
     pub(crate) ratio: Option<f64>,
+    /// How many samples the value rests on, when it is a statistic.
+    pub(crate) n: Option<u64>,
 }
 
 impl Figure {
@@ -65,7 +70,14 @@ impl Figure {
             unit: unit.to_owned(),
             baseline: None,
             ratio: None,
+            n: None,
         }
+    }
+
+    /// Says how many samples the value rests on.
+    pub(crate) fn samples(mut self, n: usize) -> Self {
+        self.n = Some(n as u64);
+        self
     }
 
     /// Adds the baseline (in the same unit as the figure unless given) and
@@ -101,12 +113,18 @@ impl fmt::Display for Figure {
             num(self.value),
             self.unit
         )?;
+        let mut parts = Vec::new();
+        if let Some(n) = self.n {
+            parts.push(format!("n={n}"));
+        }
         if let Some(b) = &self.baseline {
-            write!(f, " (baseline {} {} {}", b.name, num(b.value), b.unit)?;
+            parts.push(format!("baseline {} {} {}", b.name, num(b.value), b.unit));
             if let Some(r) = self.ratio {
-                write!(f, ", ratio {}", num(r))?;
+                parts.push(format!("ratio {}", num(r)));
             }
-            write!(f, ")")?;
+        }
+        if !parts.is_empty() {
+            write!(f, " ({})", parts.join(", "))?;
         }
         Ok(())
     }
@@ -170,6 +188,19 @@ mod tests {
         assert_eq!(
             Figure::new("net", "one_way", 61234.5, "msg/s").to_string(),
             "net.one_way: 61234.5 msg/s"
+        );
+        assert_eq!(
+            Figure::new("recovery", "detect_sigkill_p99", 0.77, "ms")
+                .samples(200)
+                .to_string(),
+            "recovery.detect_sigkill_p99: 0.77 ms (n=200)"
+        );
+        assert_eq!(
+            Figure::new("mesh", "call_gather_16", 300.0, "us")
+                .samples(200)
+                .against("concurrent_call_one_16", 600.0, "us")
+                .to_string(),
+            "mesh.call_gather_16: 300 us (n=200, baseline concurrent_call_one_16 600 us, ratio 0.5)"
         );
     }
 
