@@ -51,8 +51,7 @@ pub struct WorkloadConfig {
     pub cast_interval: Duration,
     /// Casts the caster keeps in flight at once: it starts the next one
     /// (after `cast_interval`) while earlier ones still wait for their
-    /// acknowledgements, each started before the next is made. Default 1
-    /// (each cast returns before the next starts).
+    /// acknowledgements, each started before the next is made. Default 16.
     pub casts_in_flight: NonZeroU32,
     /// Pause between two calls. Default 100 ms.
     pub call_interval: Duration,
@@ -595,7 +594,8 @@ fn acked_of(r: &Result<regent_mesh::Delivered, MeshError>) -> Acked {
 
 /// A cast in flight: its number, the generation read before it started,
 /// and how it returned.
-type CastInFlight = Pin<Box<dyn Future<Output = (u64, u64, Result<regent_mesh::Delivered, MeshError>)> + Send>>;
+type CastInFlight =
+    Pin<Box<dyn Future<Output = (u64, u64, Result<regent_mesh::Delivered, MeshError>)> + Send>>;
 
 /// Notes a returned cast in the ledger; returns whether the mesh is done.
 fn cast_returned(

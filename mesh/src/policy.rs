@@ -337,19 +337,26 @@ pub enum MeshEvent {
     Failed {
         /// The failure.
         failure: MeshFailure,
-        /// The proc ranks whose procs are gone, when the failure is their
-        /// loss (its ranks are all of those procs' members). A second report
-        /// of the same loss (its exit, then its link) is ignored.
-        lost: Vec<u32>,
+        /// The procs that are gone (by proc rank), when the failure is their
+        /// loss (its ranks are all of those procs' members). A loss counts
+        /// only for the proc the mesh has at that rank now: a second report
+        /// of the same loss (its exit, then its link) and a late report about
+        /// a proc already replaced are ignored.
+        lost: Vec<(u32, ProcId)>,
         /// The owner's override.
         decision: Option<Decision>,
     },
-    /// The restart of the last [`MeshAction`] completed (its lost procs are
-    /// replaced), or could not: the owner then reports a
-    /// [`FailureCause::StartFailed`] failure of the new generation, which
-    /// counts toward the intensity like any other, and the procs not
-    /// replaced stay lost.
-    Restarted(Result<(), String>),
+    /// The restart of the last [`MeshAction`] completed, or could not (the
+    /// owner then reports a [`FailureCause::StartFailed`] failure of the new
+    /// generation, which counts toward the intensity like any other). `procs`
+    /// are the mesh's procs now (lost ones replaced by fresh ones, where
+    /// that happened): a lost proc not replaced stays lost.
+    Restarted {
+        /// Whether the restart completed.
+        result: Result<(), String>,
+        /// The procs now, by proc rank.
+        procs: Vec<ProcId>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -369,8 +376,10 @@ pub struct MeshMachine {
     per_proc: u32,
     /// The generation each rank's current member was spawned in.
     ranks: Vec<Generation>,
-    /// Proc ranks whose procs are gone and not yet replaced.
-    lost: std::collections::BTreeSet<u32>,
+    /// The procs now, by proc rank.
+    procs: Vec<ProcId>,
+    /// Procs that are gone and not yet replaced, by proc rank.
+    lost: std::collections::BTreeMap<u32, ProcId>,
     /// Consecutive restarts, for backoff.
     streak: u32,
     last_restart: Option<Instant>,
@@ -381,17 +390,18 @@ pub struct MeshMachine {
 }
 
 impl MeshMachine {
-    /// A running mesh of `procs` procs with `per_proc` members each, in
+    /// A running mesh on `procs` with `per_proc` members each, in
     /// generation 0.
-    pub fn new(policy: MeshPolicy, procs: u32, per_proc: u32) -> Self {
-        let members = procs as usize * per_proc as usize;
+    pub fn new(policy: MeshPolicy, procs: Vec<ProcId>, per_proc: u32) -> Self {
+        let members = procs.len() * per_proc as usize;
         Self {
             policy,
             window: RestartWindow::new(policy.intensity),
             generation: Generation(0),
             per_proc,
             ranks: vec![Generation(0); members],
-            lost: std::collections::BTreeSet::new(),
+            procs,
+            lost: std::collections::BTreeMap::new(),
             streak: 0,
             last_restart: None,
             phase: Phase::Running,
@@ -420,9 +430,14 @@ impl MeshMachine {
         self.phase == Phase::Restarting
     }
 
+    /// The procs now, by proc rank.
+    pub fn procs(&self) -> &[ProcId] {
+        &self.procs
+    }
+
     /// The proc ranks known lost and not yet replaced.
     pub fn lost_procs(&self) -> Vec<u32> {
-        self.lost.iter().copied().collect()
+        self.lost.keys().copied().collect()
     }
 
     /// Restart reports that came without a restart.
@@ -440,10 +455,13 @@ impl MeshMachine {
         let mut out = Vec::new();
         match (&self.phase, event) {
             (Phase::Done, _) => {}
-            (Phase::Restarting, MeshEvent::Restarted(result)) => {
+            (Phase::Restarting, MeshEvent::Restarted { result: _, procs }) => {
                 self.phase = Phase::Running;
-                if result.is_ok() {
-                    self.lost.clear();
+                // A lost proc that was replaced is lost no more.
+                self.lost
+                    .retain(|&p, proc| procs.get(p as usize) == Some(proc));
+                if procs.len() == self.procs.len() {
+                    self.procs = procs;
                 }
                 // A failed restart is reported by the owner as a failure of
                 // the new generation (so its hook sees it); the deferred
@@ -473,7 +491,7 @@ impl MeshMachine {
                     decision,
                 },
             ) => self.on_failure(now, failure, lost, decision, &mut out),
-            (Phase::Running, MeshEvent::Restarted(_)) => self.unexpected += 1,
+            (Phase::Running, MeshEvent::Restarted { .. }) => self.unexpected += 1,
         }
         out
     }
@@ -482,15 +500,22 @@ impl MeshMachine {
         &mut self,
         now: Instant,
         mut failure: MeshFailure,
-        mut lost: Vec<u32>,
+        mut lost: Vec<(u32, ProcId)>,
         decision: Option<Decision>,
         out: &mut Vec<MeshAction>,
     ) {
         if !lost.is_empty() {
-            lost.retain(|p| !self.lost.contains(p));
+            // Only the procs the mesh has now, not yet known lost.
+            lost.retain(|(p, proc)| {
+                self.procs.get(*p as usize) == Some(proc) && !self.lost.contains_key(p)
+            });
             if lost.is_empty() {
-                return; // the same loss, reported again
+                return; // the same loss again, or a proc already replaced
             }
+            // Every life on a current proc is current, whatever generation
+            // the report was made in (it may have waited out a restart).
+            failure.generation = self.generation;
+            self.lost.extend(lost);
         }
         // A rank counts unless it was respawned after the failed life began
         // (a report about a life that a restart already replaced is stale).
@@ -502,11 +527,8 @@ impl MeshMachine {
         failure.ranks.sort_unstable();
         failure.ranks.dedup();
         if failure.ranks.is_empty() {
-            return; // stale: those lives (and their proc) were already replaced
+            return; // stale: those lives were already replaced
         }
-        let procs = self.ranks.len() / (self.per_proc.max(1) as usize);
-        self.lost
-            .extend(lost.into_iter().filter(|&p| (p as usize) < procs));
         let decision = decision.unwrap_or(self.policy.on_failure);
         match decision {
             Decision::Stop => {
@@ -544,7 +566,7 @@ impl MeshMachine {
                 } else {
                     // Every member of a lost proc restarts, reported or not.
                     let mut ranks = failure.ranks;
-                    for &p in &self.lost {
+                    for &p in self.lost.keys() {
                         let first = p * self.per_proc;
                         ranks.extend((first..first + self.per_proc).map(Rank));
                     }

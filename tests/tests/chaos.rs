@@ -500,7 +500,9 @@ async fn the_order_checker_catches_a_sender_out_of_order_at_real_members() {
     ] {
         mesh.cast(&Selection::All, &record(seq, sender))
             .await
-            .unwrap().into_result().unwrap();
+            .unwrap()
+            .into_result()
+            .unwrap();
     }
     let (fifo, progress) =
         invariant::check_order(&member_reports(&mesh).await, &OrderProgress::new());
@@ -511,7 +513,9 @@ async fn the_order_checker_catches_a_sender_out_of_order_at_real_members() {
     for seq in [7, 6] {
         mesh.cast(&Selection::All, &record(seq, Sender::CASTER))
             .await
-            .unwrap().into_result().unwrap();
+            .unwrap()
+            .into_result()
+            .unwrap();
     }
     let (fifo, _) = invariant::check_order(&member_reports(&mesh).await, &progress);
     assert_eq!(fifo.violations, 4, "one per member: {fifo}");

@@ -34,8 +34,33 @@ fn exited() -> FailureCause {
     }
 }
 
-/// The loss of proc `proc` (with `per_proc` members each).
+fn pid(rank: u32, life: u32) -> ProcId {
+    ProcId::new(&format!("p{life}-{rank}")).unwrap()
+}
+
+/// The procs of a fresh mesh: `p0-0`, `p0-1`, ...
+fn procs(n: u32) -> Vec<ProcId> {
+    (0..n).map(|r| pid(r, 0)).collect()
+}
+
+/// The procs a machine has now (its restarts replaced none).
+fn m_procs(m: &MeshMachine) -> Vec<ProcId> {
+    m.procs().to_vec()
+}
+
+fn restarted(ok: bool, procs: Vec<ProcId>) -> MeshEvent {
+    MeshEvent::Restarted {
+        result: if ok { Ok(()) } else { Err("no proc".into()) },
+        procs,
+    }
+}
+
+/// The loss of the first life of proc `proc` (with `per_proc` members each).
 fn proc_exit(proc: u32, per_proc: u32, generation: u64) -> MeshEvent {
+    proc_exit_of(pid(proc, 0), proc, per_proc, generation)
+}
+
+fn proc_exit_of(id: ProcId, proc: u32, per_proc: u32, generation: u64) -> MeshEvent {
     let first = proc * per_proc;
     MeshEvent::Failed {
         failure: MeshFailure {
@@ -44,21 +69,21 @@ fn proc_exit(proc: u32, per_proc: u32, generation: u64) -> MeshEvent {
             cause: exited(),
             generation: Generation(generation),
         },
-        lost: vec![proc],
+        lost: vec![(proc, id)],
         decision: None,
     }
 }
 
 /// A machine of `members` members, one per proc.
 fn machine(policy: MeshPolicy, members: u32) -> MeshMachine {
-    MeshMachine::new(policy, members, 1)
+    MeshMachine::new(policy, procs(members), 1)
 }
 
 #[test]
 fn restart_member_respawns_only_the_failed_ranks_in_a_new_generation() {
     let t = Instant::now();
     // 4 procs of 2 members; proc 1 (ranks 2, 3) is lost.
-    let mut m = MeshMachine::new(MeshPolicy::default(), 4, 2);
+    let mut m = MeshMachine::new(MeshPolicy::default(), procs(4), 2);
     let a = m.handle(t, proc_exit(1, 2, 0));
     assert_eq!(
         a,
@@ -76,7 +101,8 @@ fn restart_member_respawns_only_the_failed_ranks_in_a_new_generation() {
     assert_eq!(m.rank_generation(Rank(4)), Some(Generation(0)));
     // While restarting, failures wait.
     assert!(m.handle(t, fail(&[5], 0)).is_empty());
-    let a = m.handle(t, MeshEvent::Restarted(Ok(())));
+    let replaced = vec![pid(0, 0), pid(1, 1), pid(2, 0), pid(3, 0)];
+    let a = m.handle(t, restarted(true, replaced));
     assert!(
         matches!(&a[..], [MeshAction::RestartMembers { ranks, generation: Generation(2), replace, .. }] if ranks == &[Rank(5)] && replace.is_empty())
     );
@@ -85,7 +111,7 @@ fn restart_member_respawns_only_the_failed_ranks_in_a_new_generation() {
 #[test]
 fn a_lost_proc_reported_twice_restarts_once_and_is_replaced_once() {
     let t = Instant::now();
-    let mut m = MeshMachine::new(MeshPolicy::default(), 3, 2);
+    let mut m = MeshMachine::new(MeshPolicy::default(), procs(3), 2);
     // Its exit from the host agent, then its link from the control plane.
     assert_eq!(m.handle(t, proc_exit(2, 2, 0)).len(), 1);
     assert_eq!(m.lost_procs(), vec![2]);
@@ -93,10 +119,16 @@ fn a_lost_proc_reported_twice_restarts_once_and_is_replaced_once() {
         m.handle(t, proc_exit(2, 2, 0)).is_empty(),
         "the second report of one loss"
     );
-    m.handle(t, MeshEvent::Restarted(Ok(())));
+    let replaced = vec![pid(0, 0), pid(1, 0), pid(2, 1)];
+    m.handle(t, restarted(true, replaced));
     assert!(m.lost_procs().is_empty(), "replaced by the restart");
-    // The same proc rank lost again (its replacement died): a new loss.
-    let a = m.handle(t, proc_exit(2, 2, 1));
+    // A late report about the replaced proc: ignored.
+    assert!(
+        m.handle(t, proc_exit(2, 2, 0)).is_empty(),
+        "a proc already replaced"
+    );
+    // The replacement dies: a new loss.
+    let a = m.handle(t, proc_exit_of(pid(2, 1), 2, 2, 1));
     assert!(
         matches!(&a[..], [MeshAction::RestartMembers { replace, .. }] if replace == &[2]),
         "{a:?}"
@@ -106,14 +138,32 @@ fn a_lost_proc_reported_twice_restarts_once_and_is_replaced_once() {
 #[test]
 fn a_proc_lost_during_a_restart_is_replaced_by_the_next_one_with_all_its_members() {
     let t = Instant::now();
-    let mut m = MeshMachine::new(MeshPolicy::default(), 3, 2);
+    let mut m = MeshMachine::new(MeshPolicy::default(), procs(3), 2);
     m.handle(t, fail(&[0], 0));
     // While restarting rank 0, proc 1 dies; the restart fails (its request
     // to proc 1 found it lost).
     assert!(m.handle(t, proc_exit(1, 2, 1)).is_empty());
-    let a = m.handle(t, MeshEvent::Restarted(Err("proc lost".into())));
+    let a = m.handle(t, restarted(false, procs(3)));
     assert!(
         matches!(&a[..], [MeshAction::RestartMembers { ranks, replace, .. }] if ranks == &[Rank(2), Rank(3)] && replace == &[1]),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_proc_lost_during_a_gang_restart_is_replaced_though_its_lives_were_already_renewed() {
+    let t = Instant::now();
+    let mut m = MeshMachine::new(MeshPolicy::new(Decision::RestartMesh), procs(3), 2);
+    assert!(matches!(
+        &m.handle(t, fail(&[0], 0))[..],
+        [MeshAction::RestartMesh { .. }]
+    ));
+    // Every rank is in generation 1 now; proc 2's loss was reported in
+    // generation 0 (before the restart) and waited: it still counts.
+    assert!(m.handle(t, proc_exit(2, 2, 0)).is_empty());
+    let a = m.handle(t, restarted(false, procs(3)));
+    assert!(
+        matches!(&a[..], [MeshAction::RestartMesh { replace, generation: Generation(2), .. }] if replace == &[2]),
         "{a:?}"
     );
 }
@@ -140,7 +190,7 @@ fn reports_of_replaced_lives_are_stale() {
     let t = Instant::now();
     let mut m = machine(MeshPolicy::default(), 4);
     m.handle(t, fail(&[1], 0));
-    m.handle(t, MeshEvent::Restarted(Ok(())));
+    m.handle(t, restarted(true, m_procs(&m)));
     // The old life of rank 1 (a zombie) reports again: ignored.
     assert!(m.handle(t, fail(&[1], 0)).is_empty());
     // Rank 0 never restarted: its generation-0 life still counts.
@@ -160,7 +210,7 @@ fn restart_mesh_replaces_every_life() {
             cause: boom(),
         }]
     );
-    m.handle(t, MeshEvent::Restarted(Ok(())));
+    m.handle(t, restarted(true, m_procs(&m)));
     assert!(
         m.handle(t, fail(&[0], 0)).is_empty(),
         "every old life is gone"
@@ -175,7 +225,7 @@ fn exceeding_the_intensity_escalates() {
     let mut m = machine(policy, 2);
     for g in 0..2 {
         assert_eq!(m.handle(t, fail(&[0], g)).len(), 1);
-        m.handle(t, MeshEvent::Restarted(Ok(())));
+        m.handle(t, restarted(true, m_procs(&m)));
     }
     let a = m.handle(t + Duration::from_secs(1), fail(&[0], 2));
     assert!(matches!(
@@ -198,7 +248,7 @@ fn exceeding_the_intensity_escalates() {
                 .len(),
             1
         );
-        m.handle(t, MeshEvent::Restarted(Ok(())));
+        m.handle(t, restarted(true, m_procs(&m)));
     }
 }
 
@@ -240,10 +290,7 @@ fn a_failed_restart_reported_as_a_failure_counts_toward_the_intensity() {
     let policy = MeshPolicy::default().intensity(1, Duration::from_secs(60));
     let mut m = machine(policy, 2);
     m.handle(t, fail(&[0], 0));
-    assert!(
-        m.handle(t, MeshEvent::Restarted(Err("no proc".into())))
-            .is_empty()
-    );
+    assert!(m.handle(t, restarted(false, m_procs(&m))).is_empty());
     let a = m.handle(
         t,
         MeshEvent::Failed {
@@ -282,7 +329,7 @@ fn backoff_grows_and_resets() {
             panic!("{a:?}")
         };
         delays.push(delay.as_millis());
-        m.handle(t, MeshEvent::Restarted(Ok(())));
+        m.handle(t, restarted(true, m_procs(&m)));
     }
     assert_eq!(delays, vec![10, 20, 25, 25]);
     let a = m.handle(t + Duration::from_secs(6), fail(&[0], 4));
@@ -328,7 +375,8 @@ proptest! {
             let actions = match s {
                 Step::Advance(ms) => { now += Duration::from_millis(ms); Vec::new() }
                 Step::Restarted(ok) => {
-                    let a = m.handle(now, MeshEvent::Restarted(if ok { Ok(()) } else { Err("x".into()) }));
+                    let procs = m_procs(&m);
+                    let a = m.handle(now, restarted(ok, procs));
                     in_flight = false;
                     a
                 }

@@ -75,7 +75,7 @@ pub(super) enum MeshOp {
         reply_to: PortId,
         ranks: Vec<u32>,
         args: Bytes,
-        restart: Restart,
+        restart: Option<Restart>,
     },
     Stop {
         call: u64,
@@ -152,10 +152,28 @@ impl Hosted {
         let _ = self.ops.send(op);
     }
 
-    /// Queues a cast for delivery (in order).
-    pub(super) async fn cast(&self, frame: CastFrame) {
-        if self.casts.send(frame).await.is_err() {
-            tracing::warn!("a cast reached a mesh that is stopping");
+    /// Queues a cast for delivery (in order). The command loop never
+    /// waits on it: a cast that finds the queue full (its dispatcher waits
+    /// on children that do not take frames) fails for its whole subtree at
+    /// once, so that renewals and the owner's commands are never starved.
+    pub(super) fn cast(&self, frame: CastFrame) {
+        use tokio::sync::mpsc::error::TrySendError;
+        match self.casts.try_send(frame) {
+            Ok(()) => {}
+            Err(TrySendError::Full(frame)) => {
+                tracing::warn!(
+                    queued = QUEUED_CASTS,
+                    "a cast refused: the mesh's casts are backed up"
+                );
+                fail(
+                    &self.shared,
+                    &frame,
+                    "proc overloaded: its casts to this mesh are backed up",
+                );
+            }
+            Err(TrySendError::Closed(frame)) => {
+                fail(&self.shared, &frame, "the mesh is stopping here")
+            }
         }
     }
 
@@ -274,7 +292,7 @@ async fn run_worker(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<MeshOp
                     }
                 }
                 if r.is_ok() {
-                    r = spawn_lives(&shared, &ranks, &args, Some(&restart)).await;
+                    r = spawn_lives(&shared, &ranks, &args, restart.as_ref()).await;
                 }
                 reply(&shared, reply_to, call, ReplyBody::Spawned(r));
             }

@@ -183,7 +183,27 @@ impl ProcRuntime {
                 args,
                 start,
             } => {
-                if self.hosted.contains_key(&info.id) {
+                if let Some(hosted) = self.hosted.get(&info.id) {
+                    // An earlier attempt of a restart left members here (the
+                    // restart failed elsewhere): a newer generation replaces
+                    // them all.
+                    if info.generation > hosted.known.info().generation
+                        && proc_rank == hosted.proc_rank
+                    {
+                        let first = proc_rank.saturating_mul(info.per_proc);
+                        let ranks: Vec<u32> = (first..first + info.per_proc).collect();
+                        self.fabric.learn(&info);
+                        hosted.retire(&ranks, first);
+                        hosted.known.update(info);
+                        hosted.submit(MeshOp::Respawn {
+                            call,
+                            reply_to,
+                            ranks,
+                            args,
+                            restart: start,
+                        });
+                        return None;
+                    }
                     let body = ReplyBody::Spawned(Err(format!(
                         "mesh {} already has members here",
                         info.name
@@ -266,7 +286,7 @@ impl ProcRuntime {
                     reply_to,
                     ranks,
                     args,
-                    restart,
+                    restart: Some(restart),
                 });
             }
             ProcCommand::Update {
@@ -305,7 +325,7 @@ impl ProcRuntime {
                     known.failed(&failure);
                 }
             }
-            ProcCommand::Cast(frame) => self.cast(frame, sender).await,
+            ProcCommand::Cast(frame) => self.cast(frame, sender),
             ProcCommand::ChildInfo { info } => {
                 self.fabric.learn(&info);
                 let id = info.id;
@@ -356,7 +376,7 @@ impl ProcRuntime {
 
     /// Forwards and delivers a cast; answers for its subtree if this proc
     /// cannot serve it.
-    async fn cast(&mut self, frame: CastFrame, sender: &ProcId) {
+    fn cast(&mut self, frame: CastFrame, sender: &ProcId) {
         let Some(hosted) = self.hosted.get(&frame.mesh) else {
             return self.fail_subtree(frame, "proc does not host the mesh");
         };
@@ -377,7 +397,7 @@ impl ProcRuntime {
             tracing::warn!(from = %sender, mesh = %info.name, error = %e, "an invalid cast refused");
             return self.fail_subtree(frame, &format!("refused: an invalid cast ({e})"));
         }
-        hosted.cast(frame).await;
+        hosted.cast(frame);
     }
 
     /// Answers for a whole subtree that this proc cannot serve: every
@@ -503,6 +523,11 @@ where
         }
         if let Some(exit) = rt.handle(cmd, from_owner, &sender).await {
             break exit;
+        }
+        // Checked after every command too: a stream of other procs' casts
+        // keeps the command branch ready and must not hide a lapsed lease.
+        if tokio::time::Instant::now() >= lease {
+            break ProcExit::LeaseLapsed;
         }
     };
     tracing::info!(proc = %endpoint.proc(), ?exit, "proc stops");

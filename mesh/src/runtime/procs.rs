@@ -50,8 +50,8 @@ impl ProcSlots {
     }
 
     /// The proc of rank `rank` in place of `dead`: a fresh one (started now
-    /// with the rank's placement) if the slot still holds `dead`, else the
-    /// one that already replaced it.
+    /// with the rank's placement) if the slot's proc is lost, else the one
+    /// already there (which replaced `dead`).
     pub(crate) async fn replace(
         &self,
         rank: u32,
@@ -65,7 +65,10 @@ impl ProcSlots {
             .get(rank as usize)
             .cloned()
             .ok_or(MeshError::NoSuchRank(crate::shape::Rank(rank)))?;
-        if &now.proc != dead && !self.rt.is_lost(&now.proc) {
+        // The slot's proc stands unless it is lost: a replacement made for
+        // another mesh, or for an earlier attempt of this restart that
+        // failed elsewhere, is used again (never a second one per loss).
+        if !self.rt.is_lost(&now.proc) {
             return Ok(now);
         }
         let placement = self

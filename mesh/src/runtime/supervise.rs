@@ -99,7 +99,7 @@ pub(crate) fn start(setup: Setup) -> Arc<MeshShared> {
     let id = setup.info.id;
     let machine = MeshMachine::new(
         setup.options.policy,
-        setup.info.proc_count(),
+        setup.info.procs.iter().map(|a| a.proc.clone()).collect(),
         setup.info.per_proc,
     );
     let shared = Arc::new(MeshShared {
@@ -345,19 +345,31 @@ impl Supervisor {
         actions: &mut Vec<MeshAction>,
     ) {
         let now = Instant::now();
+        let procs: Vec<ProcId> = self
+            .shared
+            .info()
+            .procs
+            .iter()
+            .map(|a| a.proc.clone())
+            .collect();
         match r {
             Ok(()) => {
                 self.shared.status.send_replace(MeshStatus::Running);
                 self.tell_owner(false).await;
-                actions.extend(self.machine.handle(now, MeshEvent::Restarted(Ok(()))));
+                let event = MeshEvent::Restarted {
+                    result: Ok(()),
+                    procs,
+                };
+                actions.extend(self.machine.handle(now, event));
             }
             Err(e) => {
                 let message = e.to_string();
                 tracing::warn!(mesh = %self.shared.info().name, error = %message, "restart failed");
-                actions.extend(
-                    self.machine
-                        .handle(now, MeshEvent::Restarted(Err(message.clone()))),
-                );
+                let event = MeshEvent::Restarted {
+                    result: Err(message.clone()),
+                    procs,
+                };
+                actions.extend(self.machine.handle(now, event));
                 let failure = MeshFailure {
                     mesh: self.shared.info().name.clone(),
                     ranks,
@@ -371,7 +383,7 @@ impl Supervisor {
 
     /// Publishes a failure, tells the survivors' procs, asks the owner, and
     /// asks the machine.
-    async fn decide(&mut self, failure: MeshFailure, lost: Vec<u32>) -> Vec<MeshAction> {
+    async fn decide(&mut self, failure: MeshFailure, lost: Vec<(u32, ProcId)>) -> Vec<MeshAction> {
         tracing::warn!(%failure, "mesh failure");
         let _ = self.shared.failures.send(failure.clone());
         self.tell_failed(&failure, &lost);
@@ -395,13 +407,9 @@ impl Supervisor {
     /// Tells every live proc of the mesh (and the owning member's proc)
     /// about a failure at once, so that work with the failed ranks ends and
     /// casts route around a lost proc. Not awaited.
-    fn tell_failed(&self, failure: &MeshFailure, lost: &[u32]) {
+    fn tell_failed(&self, failure: &MeshFailure, lost: &[(u32, ProcId)]) {
         let info = self.shared.info();
-        let lost_procs: Vec<ProcId> = lost
-            .iter()
-            .filter_map(|&p| info.procs.get(p as usize))
-            .map(|a| a.proc.clone())
-            .collect();
+        let lost_procs: Vec<ProcId> = lost.iter().map(|(_, p)| p.clone()).collect();
         let mut to: Vec<ProcId> = info
             .procs
             .iter()
@@ -540,7 +548,7 @@ impl Supervisor {
         info: &MeshInfo,
         proc: &ProcId,
         cause: FailureCause,
-    ) -> Option<(MeshFailure, Vec<u32>)> {
+    ) -> Option<(MeshFailure, Vec<(u32, ProcId)>)> {
         let rank = self.proc_rank(info, proc)?;
         self.rt.abandon(proc);
         self.rt
@@ -555,10 +563,10 @@ impl Supervisor {
             // is current.
             generation: info.generation,
         };
-        Some((failure, vec![rank]))
+        Some((failure, vec![(rank, proc.clone())]))
     }
 
-    fn failure_of(&mut self, signal: Signal) -> Option<(MeshFailure, Vec<u32>)> {
+    fn failure_of(&mut self, signal: Signal) -> Option<(MeshFailure, Vec<(u32, ProcId)>)> {
         let info = self.shared.info();
         match signal {
             Signal::Member(e) if e.mesh == info.id => Some((
@@ -582,7 +590,7 @@ impl Supervisor {
             Signal::Proc(ProcEvent::HostLost { host, procs }) => {
                 // One failure for all the host's procs: one restart replaces
                 // them all.
-                let mut all: Option<(MeshFailure, Vec<u32>)> = None;
+                let mut all: Option<(MeshFailure, Vec<(u32, ProcId)>)> = None;
                 for proc in procs {
                     let cause = FailureCause::HostLost {
                         host: host.clone(),
