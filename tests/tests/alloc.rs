@@ -35,7 +35,7 @@ use regent_mesh::host::wire::{
 };
 use regent_net::{
     ActorId, ClusterCa, Endpoint, EndpointConfig, Generation, Inbox, Message, ProcAddr, ProcId,
-    TypeTag,
+    Role, TypeTag, Validity,
 };
 use tokio::sync::mpsc;
 
@@ -132,7 +132,8 @@ impl Controller {
         let proc = pid_of(name);
         let config = EndpointConfig::default().failure_timeout(FAILURE_TIMEOUT);
         let endpoint = Endpoint::bind(
-            ca.issue(&proc).expect("issue"),
+            ca.issue(&proc, Role::Controller, Validity::job())
+                .expect("issue"),
             "127.0.0.1:0".parse().expect("addr"),
             config,
         )
@@ -154,7 +155,11 @@ impl Controller {
             .iter()
             .map(|name| {
                 let proc = pid_of(name);
-                let (cert_pem, key_pem, ca_pem) = self.ca.issue(&proc).expect("issue").to_pem();
+                let (cert_pem, key_pem, ca_pem) = self
+                    .ca
+                    .issue(&proc, Role::Proc, Validity::job())
+                    .expect("issue")
+                    .to_pem();
                 ProcBoot {
                     proc,
                     ca_pem,
@@ -510,7 +515,7 @@ struct HostProcess {
 impl HostProcess {
     fn start(ca: &ClusterCa, name: &str, marker: &str, extra: &[&str]) -> Self {
         let dir = TempDir::new("alloc", name);
-        ca.issue(&pid_of(name))
+        ca.issue(&pid_of(name), Role::HostAgent, Validity::job())
             .expect("issue")
             .save(&dir.0)
             .expect("save credentials");
@@ -817,10 +822,13 @@ async fn owner_lease_lapse_stops_procs() {
     }
     let last_contact = Instant::now();
 
-    // Another owner (a proc of the same cluster) may not touch them.
+    // Another owner (another controller of the same cluster) may not touch
+    // them.
     let intruder_id = pid_of("intruder");
     let intruder = Endpoint::bind(
-        ctl.ca.issue(&intruder_id).expect("issue"),
+        ctl.ca
+            .issue(&intruder_id, Role::Controller, Validity::job())
+            .expect("issue"),
         "127.0.0.1:0".parse().expect("addr"),
         EndpointConfig::default(),
     )
