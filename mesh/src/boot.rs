@@ -299,7 +299,10 @@ mod tests {
     fn boot() -> ProcBoot {
         let ca = ClusterCa::generate("test").unwrap();
         let proc = ProcId::new("p-0").unwrap();
-        let (cert_pem, key_pem, ca_pem) = ca.issue(&proc).unwrap().to_pem();
+        let (cert_pem, key_pem, ca_pem) = ca
+            .issue(&proc, regent_net::Role::Proc, regent_net::Validity::job())
+            .unwrap()
+            .to_pem();
         ProcBoot {
             proc,
             ca_pem,

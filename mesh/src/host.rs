@@ -7,11 +7,13 @@
 //!   [`crate::alloc::LocalAllocator`].
 //! - [`HostServer`] ([`server`]) is the `regent host` process: a
 //!   [`HostAgent`] on its own endpoint that serves owners' requests over QUIC
-//!   (mutual TLS: any proc with a certificate of the cluster CA may be an
-//!   owner, and controls only its own procs) and pushes ready and exit
-//!   events back to them. An owner names the program its procs run (a path
-//!   on the host), so a certificate of the cluster CA is the authority to
-//!   run programs as the agent's user: guard the CA key accordingly.
+//!   (mutual TLS: only a certificate of the cluster CA with the
+//!   [`regent_net::Role::Controller`] role may be an owner, and it controls
+//!   only its own procs; procs and other host agents are refused, and the
+//!   refusal logged) and pushes ready and exit events back to them. An
+//!   owner names the program its procs run (a path on the host), so a
+//!   controller certificate is the authority to run programs as the agent's
+//!   user: issue them only to controllers, and guard the CA key.
 //! - [`wire`] is the protocol between procs, owners and host agents.
 //!
 //! What a host agent guarantees:
@@ -24,7 +26,10 @@
 //!   lease lapses, the agent stops all of that owner's procs (SIGTERM, then
 //!   SIGKILL after [`HostConfig::lease_stop_grace`]).
 //! - Every queue is bounded: procs ([`HostConfig::max_procs`]), owners,
-//!   events, commands per proc, requests in flight.
+//!   events, commands per proc, requests in flight. Every duration from the
+//!   wire is bounded at decode ([`wire::MAX_LEASE`],
+//!   [`wire::MAX_STOP_GRACE`]) and every deadline computed with checked
+//!   arithmetic: no message makes the agent panic.
 
 pub mod agent;
 pub mod server;
@@ -32,7 +37,7 @@ pub mod wire;
 
 use std::path::PathBuf;
 
-use regent_net::{ActorId, ProcId};
+use regent_net::{ActorId, ProcId, Role};
 
 pub use agent::{HostAgent, HostConfig, HostEvent, HostedProc, SpawnSpec};
 pub use server::{HostOptions, HostServer, run_from_args};
@@ -65,6 +70,16 @@ pub enum HostError {
     TooManyOwners {
         /// The limit.
         limit: usize,
+    },
+    /// The sender's certificate does not carry the role the request needs.
+    #[error("{sender} is a {role}: only a controller may {what}")]
+    Forbidden {
+        /// The sender.
+        sender: ActorId,
+        /// Its role.
+        role: Role,
+        /// What it asked for.
+        what: &'static str,
     },
     /// The proc's command queue is full (too many signals at once).
     #[error("proc {0} has too many commands pending")]

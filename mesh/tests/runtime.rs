@@ -261,7 +261,13 @@ async fn only_the_owner_controls_a_proc() {
     // tells a proc to exit.
     let intruder = regent_net::ProcId::new("intruder").unwrap();
     let endpoint = regent_net::Endpoint::bind(
-        rt.ca().issue(&intruder).unwrap(),
+        rt.ca()
+            .issue(
+                &intruder,
+                regent_net::Role::Proc,
+                regent_net::Validity::job(),
+            )
+            .unwrap(),
         "127.0.0.1:0".parse().unwrap(),
         regent_net::EndpointConfig::default(),
     )

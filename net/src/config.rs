@@ -70,7 +70,25 @@ pub struct EndpointConfig {
     /// the one they should use (a proxy, a wildcard bind). Default: the
     /// bound address.
     pub advertised_addr: Option<SocketAddr>,
+    /// Incoming connections in their handshake (QUIC, TLS and `Hello`) at
+    /// once; each holds about 60 KiB until it completes or fails (within
+    /// `connect_timeout`). Past half of it, a dialer whose address is not
+    /// validated is sent a stateless QUIC Retry first (a flood of Initials
+    /// from spoofed or silent sources then holds no state); past all of it,
+    /// attempts wait (see `max_pending_handshakes`). Default 64.
+    pub max_handshakes: NonZeroUsize,
+    /// Connection attempts with a validated address waiting for a
+    /// handshake slot, each for at most `connect_timeout` (then refused).
+    /// Also QUIC's limit on attempts not yet taken up (each holds its first
+    /// datagrams, at most 16 KiB, 4 MiB for all): past it, quinn refuses at
+    /// once. Default 1024.
+    pub max_pending_handshakes: NonZeroUsize,
 }
+
+/// The longest duration an [`EndpointConfig`] accepts for any of its
+/// timeouts and intervals (one day): longer is surely a mistake, and the
+/// bound keeps `Instant` arithmetic far from overflowing.
+pub const MAX_CONFIG_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 impl Default for EndpointConfig {
     fn default() -> Self {
@@ -92,6 +110,8 @@ impl Default for EndpointConfig {
             event_buffer: NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN),
             max_peers: 4096,
             advertised_addr: None,
+            max_handshakes: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
+            max_pending_handshakes: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
         }
     }
 }
@@ -145,6 +165,10 @@ setters! {
     max_peers: usize;
     /// Sets the advertised address.
     advertised_addr: Option<SocketAddr>;
+    /// Sets the bound on incoming handshakes.
+    max_handshakes: NonZeroUsize;
+    /// Sets the bound on connection attempts waiting for a handshake slot.
+    max_pending_handshakes: NonZeroUsize;
 }
 
 impl EndpointConfig {
@@ -156,6 +180,20 @@ impl EndpointConfig {
                 "max_frame_bytes = {} is not in 1..=u32::MAX",
                 self.max_frame_bytes
             ));
+        }
+        for (name, d) in [
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("failure_timeout", self.failure_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("reconnect_timeout", self.reconnect_timeout),
+            ("ack_delay", self.ack_delay),
+            ("pair_idle_timeout", self.pair_idle_timeout),
+        ] {
+            if d > MAX_CONFIG_DURATION {
+                return bad(format!(
+                    "{name} = {d:?} is longer than {MAX_CONFIG_DURATION:?}"
+                ));
+            }
         }
         if self.heartbeat_interval.is_zero() {
             return bad("heartbeat_interval is zero".into());

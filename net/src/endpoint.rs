@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use quinn::{IdleTimeout, VarInt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::config::EndpointConfig;
 use crate::error::{Error, SendError, SendFailure, Undeliverable};
@@ -22,7 +23,7 @@ use crate::inbound::{self, InboundPeers};
 use crate::inbox::{Delivery, Inbox, Payload};
 use crate::link::code;
 use crate::outbound::{self, Outgoing, Session};
-use crate::tls::{ProcCredentials, crypto_provider};
+use crate::tls::{ProcCredentials, Role, crypto_provider};
 use crate::wire::{self, Envelope, RejectCause};
 
 /// Locks a std mutex, recovering from poison: the maps behind these locks
@@ -44,7 +45,16 @@ pub(crate) struct Inner {
     pub(crate) incarnation: Incarnation,
     pub(crate) config: EndpointConfig,
     pub(crate) quic: quinn::Endpoint,
-    pub(crate) client_config: quinn::ClientConfig,
+    /// The role of this proc's certificate (renewals keep it).
+    pub(crate) role: Role,
+    /// The configs of the current credentials, replaced on renewal.
+    client_config: Mutex<quinn::ClientConfig>,
+    not_after: Mutex<SystemTime>,
+    transport: Arc<quinn::TransportConfig>,
+    /// Slots of incoming connections in their handshake.
+    pub(crate) handshakes: Arc<Semaphore>,
+    /// Validated connection attempts waiting for a slot.
+    pub(crate) pending_handshakes: AtomicUsize,
     local_addr: SocketAddr,
     pub(crate) advertised: SocketAddr,
     routes: Mutex<HashMap<ProcId, SocketAddr>>,
@@ -87,6 +97,19 @@ impl Inner {
         }
     }
 
+    /// The client config of the current credentials.
+    pub(crate) fn client_config(&self) -> quinn::ClientConfig {
+        lock(&self.client_config).clone()
+    }
+
+    /// Incoming connections now in their handshake.
+    pub(crate) fn handshakes_in_flight(&self) -> usize {
+        self.config
+            .max_handshakes
+            .get()
+            .saturating_sub(self.handshakes.available_permits())
+    }
+
     pub(crate) fn route(&self, proc: &ProcId) -> Option<SocketAddr> {
         lock(&self.routes).get(proc).copied()
     }
@@ -123,6 +146,7 @@ impl Inner {
     pub(crate) async fn deliver_remote(
         &self,
         envelope: Envelope,
+        sender_role: Role,
         cache: &mut Option<(PortId, PortEntry)>,
     ) -> Result<(), RejectCause> {
         let entry = match cache {
@@ -143,6 +167,7 @@ impl Inner {
         }
         let delivery = Delivery {
             sender: envelope.sender,
+            sender_role,
             receiver: envelope.receiver,
             seq: envelope.seq,
             generation: envelope.generation,
@@ -164,6 +189,20 @@ impl Inner {
         self.quic.close(code::SHUTDOWN, b"endpoint closed");
         lock(&self.ports).clear();
     }
+}
+
+/// Incoming handshakes of an endpoint ([`Endpoint::handshake_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeStats {
+    /// Connections in their handshake now (at most `max_handshakes`).
+    pub in_flight: usize,
+    /// Validated attempts waiting for a slot now (at most
+    /// `max_pending_handshakes`).
+    pub pending: usize,
+    /// Attempts answered with a stateless Retry since the endpoint started.
+    pub retried: u64,
+    /// Attempts refused for want of a slot since the endpoint started.
+    pub refused: u64,
 }
 
 /// A send after its checks: a local delivery, or a remote message with its
@@ -247,10 +286,7 @@ impl Endpoint {
         }
 
         let transport = Arc::new(transport_config(&config)?);
-        let mut server_config = credentials.quic_server_config()?;
-        server_config.transport_config(transport.clone());
-        let mut client_config = credentials.quic_client_config()?;
-        client_config.transport_config(transport);
+        let (server_config, client_config) = quic_configs(&credentials, &config, &transport)?;
         let quic = quinn::Endpoint::new(
             quinn::EndpointConfig::default(),
             Some(server_config),
@@ -273,9 +309,14 @@ impl Endpoint {
             proc: credentials.proc().clone(),
             incarnation: Incarnation(u64::from_le_bytes(random)),
             advertised: config.advertised_addr.unwrap_or(local_addr),
+            handshakes: Arc::new(Semaphore::new(config.max_handshakes.get())),
+            pending_handshakes: AtomicUsize::new(0),
             config,
             quic,
-            client_config,
+            role: credentials.role(),
+            client_config: Mutex::new(client_config),
+            not_after: Mutex::new(credentials.not_after()),
+            transport,
             local_addr,
             routes: Mutex::default(),
             ports: Mutex::default(),
@@ -287,7 +328,7 @@ impl Endpoint {
             next_pair_epoch: AtomicU64::new(1),
             shutdown: watch::Sender::new(false),
         });
-        tracing::info!(proc = %inner.proc, incarnation = %inner.incarnation, addr = %local_addr, "endpoint bound");
+        tracing::info!(proc = %inner.proc, role = %inner.role, incarnation = %inner.incarnation, addr = %local_addr, "endpoint bound");
         tokio::spawn(inbound::accept_loop(inner.clone()));
         Ok(Self {
             _close: Arc::new(CloseOnDrop(inner.clone())),
@@ -303,6 +344,64 @@ impl Endpoint {
     /// This run of the proc.
     pub fn incarnation(&self) -> Incarnation {
         self.inner.incarnation
+    }
+
+    /// The role of this proc's certificate.
+    pub fn role(&self) -> Role {
+        self.inner.role
+    }
+
+    /// When this proc's certificate expires: peers close its links then and
+    /// refuse new ones, unless [`Self::renew_credentials`] installed a new
+    /// one before.
+    pub fn credentials_not_after(&self) -> SystemTime {
+        *lock(&self.inner.not_after)
+    }
+
+    /// Replaces this proc's certificate (and key) with a newer one of the
+    /// same proc and role, e.g. issued again by the CA before the old one
+    /// expires. New connections, both ways, present the new certificate at
+    /// once; links up now keep going until the old certificate expires,
+    /// when peers close them and they are redialed with the new one (as any
+    /// failed link: messages are kept and resumed).
+    pub fn renew_credentials(&self, credentials: ProcCredentials) -> Result<(), Error> {
+        if *credentials.proc() != self.inner.proc || credentials.role() != self.inner.role {
+            return Err(Error::Config(format!(
+                "renewal with the credentials of {} ({}) for {} ({})",
+                credentials.proc(),
+                credentials.role(),
+                self.inner.proc,
+                self.inner.role
+            )));
+        }
+        let (server, client) =
+            quic_configs(&credentials, &self.inner.config, &self.inner.transport)?;
+        self.inner.quic.set_server_config(Some(server));
+        *lock(&self.inner.client_config) = client;
+        *lock(&self.inner.not_after) = credentials.not_after();
+        tracing::info!(proc = %self.inner.proc, not_after = ?credentials.not_after(), "credentials renewed");
+        Ok(())
+    }
+
+    /// The role of `peer`'s certificate, as verified on its latest
+    /// connection to or from this endpoint; `None` if none was made.
+    pub fn peer_role(&self, peer: &ProcId) -> Option<Role> {
+        self.inner.inbound.role(peer).or_else(|| {
+            let session = lock(&self.inner.sessions).get(peer).cloned();
+            session.and_then(|s| s.peer_role())
+        })
+    }
+
+    /// Where incoming handshakes stand: how many are in flight and waiting
+    /// now, and how many attempts were sent a Retry or refused so far.
+    pub fn handshake_stats(&self) -> HandshakeStats {
+        let (retried, refused) = self.inner.inbound.admission_counts();
+        HandshakeStats {
+            in_flight: self.inner.handshakes_in_flight(),
+            pending: self.inner.pending_handshakes.load(Ordering::Relaxed),
+            retried,
+            refused,
+        }
     }
 
     /// The bound UDP address.
@@ -479,6 +578,7 @@ impl Endpoint {
         }
         let delivery = Delivery {
             sender: from.clone(),
+            sender_role: self.inner.role,
             receiver: to.clone(),
             seq: Seq(0),
             generation,
@@ -522,6 +622,7 @@ impl Endpoint {
         if *to.proc() == self.inner.proc {
             return Ok(Prepared::Local(Delivery {
                 sender: from.clone(),
+                sender_role: self.inner.role,
                 receiver: to.clone(),
                 seq: Seq(0),
                 generation,
@@ -562,6 +663,29 @@ impl Endpoint {
         self.inner.quic.wait_idle().await;
     }
 }
+
+/// The quinn server and client configs of `credentials`, with the
+/// endpoint's transport and its bounds on incoming connection attempts.
+fn quic_configs(
+    credentials: &ProcCredentials,
+    config: &EndpointConfig,
+    transport: &Arc<quinn::TransportConfig>,
+) -> Result<(quinn::ServerConfig, quinn::ClientConfig), Error> {
+    let mut server = credentials.quic_server_config()?;
+    server.transport_config(transport.clone());
+    server.max_incoming(config.max_pending_handshakes.get());
+    server.incoming_buffer_size(INCOMING_BUFFER_BYTES);
+    server.incoming_buffer_size_total(INCOMING_BUFFER_TOTAL_BYTES);
+    let mut client = credentials.quic_client_config()?;
+    client.transport_config(transport.clone());
+    Ok((server, client))
+}
+
+/// Datagrams quinn buffers for one connection attempt not yet taken up
+/// (besides its first), and for all of them together; more are dropped
+/// (and retransmitted by the dialer).
+const INCOMING_BUFFER_BYTES: u64 = 16 << 10;
+const INCOMING_BUFFER_TOTAL_BYTES: u64 = 4 << 20;
 
 fn transport_config(config: &EndpointConfig) -> Result<quinn::TransportConfig, Error> {
     let mut t = quinn::TransportConfig::default();

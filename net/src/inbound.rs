@@ -1,14 +1,18 @@
-//! The receiving side: accepting connections (TLS verified by rustls, the
-//! claimed proc checked against the certificate), the handshake, and one
-//! task per data stream that checks, deduplicates, delivers and
+//! The receiving side: admitting connection attempts (a bounded number of
+//! handshakes at once, a stateless Retry for unvalidated dialers under
+//! load), accepting connections (TLS verified by rustls, the claimed proc
+//! checked against the certificate, its role read from it), the handshake,
+//! and one task per data stream that checks, deduplicates, delivers and
 //! acknowledges.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use quinn::{RecvStream, SendStream};
 use rustls_pki_types::CertificateDer;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::endpoint::{Inner, PortEntry, lock};
@@ -18,7 +22,7 @@ use crate::id::{Incarnation, PortId, ProcId, Seq};
 use crate::link::{self, READ_CHUNK_BYTES, ReadFailure, code};
 use crate::outbound::PairKey;
 use crate::session::{RecvWindow, Verdict};
-use crate::tls::verify_proc_identity;
+use crate::tls::{CertificateFacts, Role, certificate_facts, verify_proc_identity};
 use crate::wire::{
     self, Control, FrameDecoder, Hello, PROTOCOL_VERSION, ToReceiver, ToSender, Welcome, WireError,
 };
@@ -29,11 +33,16 @@ type SharedWindow = Arc<tokio::sync::Mutex<RecvWindow>>;
 #[derive(Default)]
 pub(crate) struct InboundPeers {
     map: Mutex<HashMap<ProcId, PeerEntry>>,
+    /// Connection attempts sent a Retry, and refused for want of a slot.
+    retried: AtomicU64,
+    refused: AtomicU64,
 }
 
 struct PeerEntry {
     state: Arc<PeerRecv>,
     conn: Option<quinn::Connection>,
+    /// The role of the certificate of its latest connection.
+    role: Role,
     last_active: Instant,
 }
 
@@ -52,6 +61,7 @@ impl InboundPeers {
         &self,
         proc: &ProcId,
         incarnation: Incarnation,
+        role: Role,
         conn: quinn::Connection,
         max_peers: usize,
         max_pairs: usize,
@@ -68,6 +78,7 @@ impl InboundPeers {
             if let Some(old) = entry.conn.replace(conn) {
                 link::close(&old, code::REPLACED, "replaced by a newer connection");
             }
+            entry.role = role;
             entry.last_active = Instant::now();
             if entry.state.incarnation == incarnation {
                 return (entry.state.clone(), None, true);
@@ -94,10 +105,24 @@ impl InboundPeers {
             PeerEntry {
                 state: state.clone(),
                 conn: Some(conn),
+                role,
                 last_active: Instant::now(),
             },
         );
         (state, None, false)
+    }
+
+    /// The role of `proc`'s latest inbound connection.
+    pub(crate) fn role(&self, proc: &ProcId) -> Option<Role> {
+        lock(&self.map).get(proc).map(|e| e.role)
+    }
+
+    /// (attempts sent a Retry, attempts refused for want of a slot).
+    pub(crate) fn admission_counts(&self) -> (u64, u64) {
+        (
+            self.retried.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
     }
 
     fn disconnected(&self, proc: &ProcId, conn: &quinn::Connection) {
@@ -140,14 +165,106 @@ impl PeerRecv {
     }
 }
 
-/// Accepts connections until the endpoint closes.
-pub(crate) async fn accept_loop(inner: Arc<Inner>) {
-    while let Some(incoming) = inner.quic.accept().await {
-        tokio::spawn(handle_incoming(inner.clone(), incoming));
+/// What to do with a connection attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Take a handshake slot now.
+    Accept,
+    /// Answer with a stateless Retry: the dialer must prove it receives at
+    /// its address before it gets any state.
+    Retry,
+    /// Wait (up to `connect_timeout`) for a slot.
+    Wait,
+    /// Refuse at once.
+    Refuse,
+}
+
+/// The admission policy (no I/O): unvalidated dialers are accepted while
+/// under half the handshake slots are taken and sent a Retry past that;
+/// validated ones take a free slot, or wait while fewer than
+/// `max_pending` wait, or are refused.
+pub(crate) fn admission(
+    validated: bool,
+    in_flight: usize,
+    pending: usize,
+    max_handshakes: usize,
+    max_pending: usize,
+) -> Admission {
+    if !validated && in_flight >= max_handshakes / 2 {
+        Admission::Retry
+    } else if in_flight < max_handshakes {
+        Admission::Accept
+    } else if pending < max_pending {
+        Admission::Wait
+    } else {
+        Admission::Refuse
     }
 }
 
-async fn handle_incoming(inner: Arc<Inner>, incoming: quinn::Incoming) {
+/// Admits connection attempts until the endpoint closes (see
+/// [`admission`]). Nothing here waits: a flood is answered as fast as it
+/// comes.
+pub(crate) async fn accept_loop(inner: Arc<Inner>) {
+    while let Some(incoming) = inner.quic.accept().await {
+        let pending = inner.pending_handshakes.load(Ordering::Relaxed);
+        let max_pending = inner.config.max_pending_handshakes.get();
+        let decision = admission(
+            incoming.remote_address_validated(),
+            inner.handshakes_in_flight(),
+            pending,
+            inner.config.max_handshakes.get(),
+            max_pending,
+        );
+        let permit = match decision {
+            Admission::Retry => {
+                let n = inner.inbound.retried.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::info!(proc = %inner.proc, retried = n, "handshakes under load: unvalidated dialers sent a Retry");
+                }
+                // Not validated implies may_retry (quinn's guarantee); refuse
+                // if it says otherwise.
+                if let Err(e) = incoming.retry() {
+                    e.into_incoming().refuse();
+                }
+                continue;
+            }
+            Admission::Refuse => None,
+            Admission::Accept | Admission::Wait => {
+                inner.handshakes.clone().try_acquire_owned().ok()
+            }
+        };
+        if let Some(permit) = permit {
+            tokio::spawn(handle_incoming(inner.clone(), incoming, permit));
+        } else if pending < max_pending {
+            inner.pending_handshakes.fetch_add(1, Ordering::Relaxed);
+            let inner = inner.clone();
+            tokio::spawn(async move {
+                let slots = inner.handshakes.clone();
+                let permit =
+                    tokio::time::timeout(inner.config.connect_timeout, slots.acquire_owned()).await;
+                inner.pending_handshakes.fetch_sub(1, Ordering::Relaxed);
+                match permit {
+                    Ok(Ok(permit)) => handle_incoming(inner, incoming, permit).await,
+                    _ => refuse_attempt(&inner, incoming),
+                }
+            });
+        } else {
+            refuse_attempt(&inner, incoming);
+        }
+    }
+}
+
+fn refuse_attempt(inner: &Inner, incoming: quinn::Incoming) {
+    let n = inner.inbound.refused.fetch_add(1, Ordering::Relaxed) + 1;
+    if n.is_power_of_two() {
+        tracing::warn!(proc = %inner.proc, refused = n, remote = %incoming.remote_address(), "no handshake slot: connection attempts refused");
+    }
+    incoming.refuse();
+}
+
+/// Runs one admitted connection; `slot` is held until its `Hello` is
+/// checked.
+async fn handle_incoming(inner: Arc<Inner>, incoming: quinn::Incoming, slot: OwnedSemaphorePermit) {
     let remote = incoming.remote_address();
     let timeout = inner.config.connect_timeout;
     let refused = |claimed: Option<ProcId>, reason: String| {
@@ -192,24 +309,30 @@ async fn handle_incoming(inner: Arc<Inner>, incoming: quinn::Incoming) {
             return refused(None, format!("no Hello within {timeout:?}"));
         }
     };
-    if let Err(reason) = check_hello(&inner, &hello, &chain) {
-        if let Ok(frame) = wire::encode_frame(
-            &Control::Refuse {
-                reason: reason.clone(),
-            },
-            inner.config.max_frame_bytes,
-        ) {
-            let _ = send.write_chunk(frame).await;
-            let _ = send.finish();
+    let facts = match check_hello(&inner, &hello, &chain) {
+        Ok(facts) => facts,
+        Err(reason) => {
+            drop(slot);
+            if let Ok(frame) = wire::encode_frame(
+                &Control::Refuse {
+                    reason: reason.clone(),
+                },
+                inner.config.max_frame_bytes,
+            ) {
+                let _ = send.write_chunk(frame).await;
+                let _ = send.finish();
+            }
+            link::close(&conn, code::REFUSED, &reason);
+            return refused(Some(hello.proc), reason);
         }
-        link::close(&conn, code::REFUSED, &reason);
-        return refused(Some(hello.proc), reason);
-    }
+    };
+    drop(slot);
     let peer = hello.proc.clone();
     let max_pairs = (inner.config.max_streams_per_peer as usize).saturating_mul(4);
     let (state, previous, resumed) = inner.inbound.register(
         &peer,
         hello.incarnation,
+        facts.role,
         conn.clone(),
         inner.config.max_peers,
         max_pairs,
@@ -236,7 +359,7 @@ async fn handle_incoming(inner: Arc<Inner>, incoming: quinn::Incoming) {
             current: hello.incarnation,
         });
     }
-    tracing::debug!(proc = %inner.proc, %peer, resumed, "inbound link up");
+    tracing::debug!(proc = %inner.proc, %peer, role = %facts.role, resumed, "inbound link up");
     inner.emit(TransportEvent::LinkUp {
         peer: peer.clone(),
         direction: Direction::Inbound,
@@ -247,6 +370,7 @@ async fn handle_incoming(inner: Arc<Inner>, incoming: quinn::Incoming) {
         inner.clone(),
         conn.clone(),
         peer.clone(),
+        facts.role,
         state,
     ));
     let mut shutdown = inner.shutdown.subscribe();
@@ -257,6 +381,7 @@ async fn handle_incoming(inner: Arc<Inner>, incoming: quinn::Incoming) {
         decoder,
         inner.config.heartbeat_interval,
         inner.config.failure_timeout,
+        facts.not_after,
         &mut shutdown,
     )
     .await;
@@ -273,7 +398,13 @@ async fn handle_incoming(inner: Arc<Inner>, incoming: quinn::Incoming) {
     }
 }
 
-fn check_hello(inner: &Inner, hello: &Hello, chain: &[CertificateDer<'_>]) -> Result<(), String> {
+/// Checks a dialer's `Hello` against its (chain-verified) certificate and
+/// reads the certificate's role and expiry.
+fn check_hello(
+    inner: &Inner,
+    hello: &Hello,
+    chain: &[CertificateDer<'_>],
+) -> Result<CertificateFacts, String> {
     if hello.version != PROTOCOL_VERSION {
         return Err(format!(
             "protocol version {} (this proc speaks {PROTOCOL_VERSION})",
@@ -283,19 +414,33 @@ fn check_hello(inner: &Inner, hello: &Hello, chain: &[CertificateDer<'_>]) -> Re
     if hello.peer != inner.proc {
         return Err(format!("dialed {} but this is {}", hello.peer, inner.proc));
     }
-    verify_proc_identity(chain, &hello.proc).map_err(|e| e.to_string())
+    verify_proc_identity(chain, &hello.proc).map_err(|e| e.to_string())?;
+    let leaf = chain.first().ok_or("no certificate")?;
+    let facts =
+        certificate_facts(leaf).map_err(|e| format!("certificate of {}: {e}", hello.proc))?;
+    // rustls checked the dates; this holds even if that check were skipped.
+    if facts.expired_at(std::time::SystemTime::now()) {
+        return Err(format!(
+            "the certificate of {} expired at {}",
+            hello.proc,
+            crate::tls::utc_date(facts.not_after)
+        ));
+    }
+    Ok(facts)
 }
 
 async fn accept_streams(
     inner: Arc<Inner>,
     conn: quinn::Connection,
     peer: ProcId,
+    role: Role,
     state: Arc<PeerRecv>,
 ) {
     while let Ok((send, recv)) = conn.accept_bi().await {
         tokio::spawn(receive_stream(
             inner.clone(),
             peer.clone(),
+            role,
             state.clone(),
             send,
             recv,
@@ -332,6 +477,7 @@ impl Replies {
 async fn receive_stream(
     inner: Arc<Inner>,
     peer: ProcId,
+    role: Role,
     state: Arc<PeerRecv>,
     mut send: SendStream,
     mut recv: RecvStream,
@@ -458,7 +604,7 @@ async fn receive_stream(
                 let seq = envelope.seq;
                 match w.arrive(&mut cursor, seq) {
                     Ok(Verdict::Deliver) => {
-                        let outcome = inner.deliver_remote(envelope, &mut port_cache).await;
+                        let outcome = inner.deliver_remote(envelope, role, &mut port_cache).await;
                         if let Err(cause) = &outcome {
                             tracing::debug!(proc = %inner.proc, %peer, seq = seq.0, %cause, "message rejected");
                             replies.push(&ToSender::Reject {

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::endpoint::Inner;
 use crate::id::{ActorId, Generation, Message, PortId, Seq, TypeTag};
+use crate::tls::Role;
 use crate::wire::{self, WireError};
 
 /// A message's body as it reached the inbox.
@@ -35,6 +36,10 @@ pub struct Delivery {
     /// The sending actor (authenticated: its proc is the one named by the
     /// certificate of the connection it came on).
     pub sender: ActorId,
+    /// The role of the sender's proc, from the certificate of the
+    /// connection it came on (this endpoint's own role when local). Check it
+    /// before obeying a request: any proc of the cluster can send anything.
+    pub sender_role: Role,
     /// The port it was sent to.
     pub receiver: PortId,
     /// Its sequence on the (sender, receiver actor) pair; 0 when local.

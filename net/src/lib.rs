@@ -8,8 +8,9 @@
 //!   (`quic://127.0.0.1:4433/proc-name`), [`Incarnation`], [`Generation`],
 //!   [`Seq`], and the [`Message`] trait with its [`TypeTag`].
 //! - [`tls`]: a [`ClusterCa`] made with rcgen (or loaded from PEM) issues
-//!   [`ProcCredentials`], which build the rustls and quinn configurations for
-//!   mutual TLS 1.3 (ring provider). Reusable by other planes (`rdma/`).
+//!   [`ProcCredentials`] with a [`Role`] and a [`Validity`], which build the
+//!   rustls and quinn configurations for mutual TLS 1.3 (ring provider).
+//!   Reusable by other planes (`rdma/`).
 //! - [`wire`]: length-prefixed frames ([`FrameDecoder`], [`encode_frame`]),
 //!   the [`Envelope`] and the protocol frames, encoded with postcard. Every
 //!   decode failure is a typed [`WireError`].
@@ -18,7 +19,9 @@
 //! - [`Endpoint`]: one quinn endpoint per proc. `send` to a port of this
 //!   proc hands the value over without serializing; to another proc it goes
 //!   on that pair's own QUIC stream of a connection reused for the peer.
-//!   [`Inbox`] receives, [`TransportEvent`]s report links and failures.
+//!   [`Inbox`] receives (each [`Delivery`] carries its sender's verified
+//!   [`Role`]), [`TransportEvent`]s report links and failures. Incoming
+//!   handshakes are bounded (`max_handshakes`, Retry under load).
 //!
 //! # Guarantees (see `docs/semantics.md` §2 for the contract)
 //!
@@ -34,7 +37,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use regent_net::{ClusterCa, Endpoint, EndpointConfig, Generation, Message, ProcId};
+//! use regent_net::{ClusterCa, Endpoint, EndpointConfig, Generation, Message, ProcId, Role, Validity};
 //!
 //! #[derive(Debug, serde::Serialize, serde::Deserialize)]
 //! struct Ping(u64);
@@ -46,12 +49,14 @@
 //! let a = ProcId::new("a")?;
 //! let b = ProcId::new("b")?;
 //! let local = "127.0.0.1:0".parse()?;
-//! let ea = Endpoint::bind(ca.issue(&a)?, local, EndpointConfig::default())?;
-//! let eb = Endpoint::bind(ca.issue(&b)?, local, EndpointConfig::default())?;
+//! let ea = Endpoint::bind(ca.issue(&a, Role::Proc, Validity::job())?, local, EndpointConfig::default())?;
+//! let eb = Endpoint::bind(ca.issue(&b, Role::Proc, Validity::job())?, local, EndpointConfig::default())?;
 //! ea.add_route(eb.addr());
 //! let mut inbox = eb.open_port(b.actor("pong", 0)?.port(0))?;
 //! ea.send(&a.actor("ping", 0)?, inbox.port(), Generation(0), Ping(1)).await?;
-//! let Ping(n) = inbox.recv().await.ok_or("closed")?.decode::<Ping>()?;
+//! let delivery = inbox.recv().await.ok_or("closed")?;
+//! assert_eq!(delivery.sender_role, Role::Proc);
+//! let Ping(n) = delivery.decode::<Ping>()?;
 //! assert_eq!(n, 1);
 //! # Ok(())
 //! # }
@@ -72,7 +77,7 @@ pub mod tls;
 pub mod wire;
 
 pub use config::EndpointConfig;
-pub use endpoint::Endpoint;
+pub use endpoint::{Endpoint, HandshakeStats};
 pub use error::{Error, LinkFailure, SendError, SendFailure, Undeliverable, UndeliveredCause};
 pub use event::{Direction, TransportEvent};
 pub use id::{
@@ -81,7 +86,7 @@ pub use id::{
 };
 pub use inbox::{Delivery, Inbox, Payload};
 pub use session::{RecvWindow, SendWindow};
-pub use tls::{ClusterCa, ProcCredentials};
+pub use tls::{ClusterCa, ProcCredentials, Role, Validity};
 pub use wire::{Envelope, FrameDecoder, RejectCause, WireError, encode_frame};
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! What both ends of a connection share: error codes, reading frames from a
 //! QUIC stream, and the control stream's heartbeat loop (failure detection).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use quinn::{ConnectionError, ReadError, RecvStream, SendStream, VarInt};
@@ -109,10 +109,18 @@ pub(crate) async fn read_value<T: DeserializeOwned>(
     wire::decode_body(&body).map_err(ReadFailure::Wire)
 }
 
+/// How long until `t` (zero if it passed).
+pub(crate) fn until(t: SystemTime) -> Duration {
+    t.duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO)
+}
+
 /// Runs the control stream after the handshake: sends a heartbeat every
 /// `heartbeat_interval`, and returns the failure when the peer has been
 /// silent for `failure_timeout`, the connection closes, the peer breaks the
-/// protocol, or the endpoint shuts down.
+/// protocol, the peer's certificate expires (`peer_not_after`), or the
+/// endpoint shuts down.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_control(
     conn: &quinn::Connection,
     mut send: SendStream,
@@ -120,8 +128,15 @@ pub(crate) async fn run_control(
     mut decoder: FrameDecoder,
     heartbeat_interval: Duration,
     failure_timeout: Duration,
+    peer_not_after: SystemTime,
     shutdown: &mut watch::Receiver<bool>,
 ) -> LinkFailure {
+    // A certificate is valid through its last second (webpki compares whole
+    // seconds), so it has expired one second after `not_after`
+    // (`CertificateFacts::expired_at`). tokio's sleep
+    // takes any duration (a far expiry sleeps "forever").
+    let expiry = tokio::time::sleep(until(peer_not_after).saturating_add(Duration::from_secs(1)));
+    tokio::pin!(expiry);
     let heartbeat = match wire::encode_frame(&Control::Heartbeat, usize::MAX) {
         Ok(frame) => frame,
         Err(e) => return LinkFailure::Protocol(e.to_string()),
@@ -178,6 +193,12 @@ pub(crate) async fn run_control(
                 Err(e) => return classify_read(&e),
             },
             e = conn.closed() => return classify(&e),
+            () = &mut expiry => {
+                return LinkFailure::Refused(format!(
+                    "the peer's certificate expired at {}",
+                    crate::tls::utc_date(peer_not_after)
+                ));
+            }
             _ = shutdown.changed() => return LinkFailure::EndpointClosed,
         }
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{RecvStream, SendStream};
+use rustls_pki_types::CertificateDer;
 use tokio::sync::{Notify, Semaphore, TryAcquireError, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -25,6 +26,7 @@ use crate::event::{Direction, TransportEvent};
 use crate::id::{ActorId, Generation, Incarnation, PortId, ProcId, Seq, TypeTag};
 use crate::link::{self, ReadFailure, classify, code};
 use crate::session::{Pending, SendWindow};
+use crate::tls::{CertificateFacts, Role, certificate_facts};
 use crate::wire::{
     self, Control, Envelope, FrameDecoder, Hello, PROTOCOL_VERSION, ToReceiver, ToSender, WireError,
 };
@@ -73,6 +75,8 @@ pub(crate) struct Session {
     peer: ProcId,
     link: watch::Sender<Link>,
     pairs: Mutex<SessionPairs>,
+    /// The role of the peer's certificate, once a dial got that far.
+    peer_role: Mutex<Option<Role>>,
 }
 
 #[derive(Default)]
@@ -106,6 +110,11 @@ struct PairState {
 }
 
 impl Session {
+    /// The role of the peer's certificate on the latest connection.
+    pub(crate) fn peer_role(&self) -> Option<Role> {
+        *lock(&self.peer_role)
+    }
+
     fn is_closed(&self) -> bool {
         lock(&self.pairs).closed
     }
@@ -297,6 +306,7 @@ fn pair_for(inner: &Arc<Inner>, peer: &ProcId, key: PairKey) -> Result<Arc<Pair>
                     peer: peer.clone(),
                     link: watch::Sender::new(Link::Connecting),
                     pairs: Mutex::default(),
+                    peer_role: Mutex::new(None),
                 });
                 sessions.insert(peer.clone(), session.clone());
                 tokio::spawn(drive_session(inner.clone(), session.clone(), addr));
@@ -343,18 +353,38 @@ struct Handshake {
     recv: RecvStream,
     decoder: FrameDecoder,
     incarnation: Incarnation,
+    /// The role and expiry of the peer's certificate.
+    facts: CertificateFacts,
 }
 
 async fn dial(inner: &Inner, peer: &ProcId, addr: SocketAddr) -> Result<Handshake, LinkFailure> {
     let connecting = inner
         .quic
-        .connect_with(inner.client_config.clone(), addr, peer.as_str())
+        .connect_with(inner.client_config(), addr, peer.as_str())
         .map_err(|e| LinkFailure::Unreachable(e.to_string()))?;
     let conn = connecting.await.map_err(|e| match classify(&e) {
         LinkFailure::ConnectionLost(m) => LinkFailure::Unreachable(m),
         other => other,
     })?;
     let result = async {
+        // rustls verified the chain and that it names `peer`.
+        let facts = conn
+            .peer_identity()
+            .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .ok_or_else(|| LinkFailure::Refused(format!("{peer} presented no certificate")))
+            .and_then(|chain| match chain.first() {
+                Some(leaf) => certificate_facts(leaf)
+                    .map_err(|e| LinkFailure::Refused(format!("certificate of {peer}: {e}"))),
+                None => Err(LinkFailure::Refused(format!(
+                    "{peer} presented no certificate"
+                ))),
+            })?;
+        if facts.expired_at(std::time::SystemTime::now()) {
+            return Err(LinkFailure::Refused(format!(
+                "the certificate of {peer} expired at {}",
+                crate::tls::utc_date(facts.not_after)
+            )));
+        }
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| classify(&e))?;
         let hello = Control::Hello(Hello {
             version: PROTOCOL_VERSION,
@@ -376,6 +406,7 @@ async fn dial(inner: &Inner, peer: &ProcId, addr: SocketAddr) -> Result<Handshak
                 recv,
                 decoder,
                 incarnation: w.incarnation,
+                facts,
             }),
             Ok(Control::Welcome(w)) => Err(LinkFailure::Protocol(format!(
                 "dialed {peer} but {} answered",
@@ -433,6 +464,7 @@ async fn drive_session(inner: Arc<Inner>, session: Arc<Session>, first_addr: Soc
                     });
                 }
                 known = Some(hs.incarnation);
+                *lock(&session.peer_role) = Some(hs.facts.role);
                 epoch += 1;
                 tracing::debug!(proc = %inner.proc, %peer, resumed, "outbound link up");
                 session.link.send_replace(Link::Up {
@@ -453,6 +485,7 @@ async fn drive_session(inner: Arc<Inner>, session: Arc<Session>, first_addr: Soc
                     hs.decoder,
                     inner.config.heartbeat_interval,
                     inner.config.failure_timeout,
+                    hs.facts.not_after,
                     &mut shutdown,
                 )
                 .await;

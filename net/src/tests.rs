@@ -36,13 +36,17 @@ fn init_tracing() {
 }
 
 fn bind(ca: &ClusterCa, name: &str, config: EndpointConfig) -> Endpoint {
+    bind_as(ca, name, Role::Proc, config)
+}
+
+fn bind_as(ca: &ClusterCa, name: &str, role: Role, config: EndpointConfig) -> Endpoint {
     init_tracing();
-    Endpoint::bind(
-        ca.issue(&pid(name)).unwrap(),
-        "127.0.0.1:0".parse().unwrap(),
-        config,
-    )
-    .unwrap()
+    bind_with(ca.issue(&pid(name), role, Validity::job()).unwrap(), config)
+}
+
+fn bind_with(credentials: ProcCredentials, config: EndpointConfig) -> Endpoint {
+    init_tracing();
+    Endpoint::bind(credentials, "127.0.0.1:0".parse().unwrap(), config).unwrap()
 }
 
 async fn next_event(
@@ -307,7 +311,9 @@ async fn peers_without_this_clusters_certificate_are_refused() {
     let to = pid("b").actor("sink", 0).unwrap().port(0);
 
     // A certificate from another CA that trusts ours.
-    let foreign = other_ca.issue(&pid("a")).unwrap();
+    let foreign = other_ca
+        .issue(&pid("a"), Role::Proc, Validity::job())
+        .unwrap();
     let (chain, key, _) = foreign.to_pem();
     let creds = ProcCredentials::from_pem(pid("a"), &chain, &key, ca.cert_pem()).unwrap();
     let a = Endpoint::bind(creds, "127.0.0.1:0".parse().unwrap(), config.clone()).unwrap();
@@ -338,7 +344,9 @@ async fn peers_without_this_clusters_certificate_are_refused() {
 
     // A certificate from our CA for another identity ("mallory" claiming
     // to be "c").
-    let mallory = ca.issue(&pid("mallory")).unwrap();
+    let mallory = ca
+        .issue(&pid("mallory"), Role::Proc, Validity::job())
+        .unwrap();
     let (chain, key, ca_pem) = mallory.to_pem();
     assert!(ProcCredentials::from_pem(pid("c"), &chain, &key, &ca_pem).is_err());
     let liar = ProcCredentials::danger_unchecked_from_pem(pid("c"), &chain, &key, &ca_pem).unwrap();
@@ -408,4 +416,247 @@ async fn idle_pairs_close_and_a_new_pair_starts_fresh() {
     let d = recv(&mut inbox).await;
     assert_eq!(d.seq, Seq(1));
     assert_eq!(d.decode::<Num>().unwrap(), Num(9));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_carry_the_verified_role_of_their_sender() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let sink = bind_as(&ca, "sink", Role::Proc, EndpointConfig::default());
+    assert_eq!(sink.role(), Role::Proc);
+    let port = pid("sink").actor("rx", 0).unwrap().port(0);
+    let mut inbox = sink.open_port(port.clone()).unwrap();
+    for (name, role) in [
+        ("ctl", Role::Controller),
+        ("host", Role::HostAgent),
+        ("worker", Role::Proc),
+    ] {
+        let from = bind_as(&ca, name, role, EndpointConfig::default());
+        from.add_route(sink.addr());
+        let actor = pid(name).actor("tx", 0).unwrap();
+        from.send(&actor, &port, Generation(0), Num(1))
+            .await
+            .unwrap();
+        let d = recv(&mut inbox).await;
+        assert_eq!((d.sender.proc.clone(), d.sender_role), (pid(name), role));
+        assert_eq!(sink.peer_role(&pid(name)), Some(role));
+        // The dialer learned the listener's role from its certificate too.
+        assert_eq!(from.peer_role(&pid("sink")), Some(Role::Proc));
+    }
+    // Local: this endpoint's own role.
+    let me = pid("sink").actor("self", 0).unwrap();
+    sink.send(&me, &port, Generation(0), Num(2)).await.unwrap();
+    assert_eq!(recv(&mut inbox).await.sender_role, Role::Proc);
+    assert_eq!(sink.peer_role(&pid("nobody")), None);
+}
+
+/// Waits for the first undeliverable event and returns its cause.
+async fn undeliverable(events: &mut mpsc::Receiver<TransportEvent>) -> UndeliveredCause {
+    match next_event(events, "undeliverable", |e| {
+        matches!(e, TransportEvent::Undeliverable(_))
+    })
+    .await
+    {
+        TransportEvent::Undeliverable(u) => u.cause,
+        _ => unreachable!("matched above"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_and_roleless_certificates_are_refused_both_ways() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let config = EndpointConfig::default().reconnect_timeout(Duration::from_millis(500));
+    let good = bind(&ca, "good", config.clone());
+    let mut good_events = good.take_events().unwrap();
+    let good_port = pid("good").actor("rx", 0).unwrap().port(0);
+    let _good_inbox = good.open_port(good_port.clone()).unwrap();
+    let now = std::time::SystemTime::now();
+    let past = Validity::between(
+        now - Duration::from_secs(7200),
+        now - Duration::from_secs(3600),
+    )
+    .unwrap();
+    let future = Validity::between(
+        now + Duration::from_secs(3600),
+        now + Duration::from_secs(7200),
+    )
+    .unwrap();
+    let odd = [
+        (
+            "expired",
+            ca.issue(&pid("expired"), Role::Controller, past).unwrap(),
+            "expired",
+        ),
+        (
+            "early",
+            ca.issue(&pid("early"), Role::Controller, future).unwrap(),
+            "not valid yet",
+        ),
+        (
+            "roleless",
+            ca.danger_issue_with_role_uris(&pid("roleless"), &[])
+                .unwrap(),
+            "no role",
+        ),
+    ];
+    for (name, creds, why) in odd {
+        let odd = bind_with(creds, config.clone());
+        let mut odd_events = odd.take_events().unwrap();
+        let odd_port = pid(name).actor("rx", 0).unwrap().port(0);
+        let _odd_inbox = odd.open_port(odd_port.clone()).unwrap();
+
+        // It dials: refused by the listener (TLS for a bad date, Hello for
+        // no role), and its message comes back.
+        odd.add_route(good.addr());
+        let from = pid(name).actor("tx", 0).unwrap();
+        odd.send(&from, &good_port, Generation(0), Num(1))
+            .await
+            .unwrap();
+        let cause = undeliverable(&mut odd_events).await;
+        assert!(
+            matches!(cause, UndeliveredCause::LinkFailed(LinkFailure::Refused(_))),
+            "{name}: {cause}"
+        );
+        let refused = next_event(&mut good_events, "refused", |e| {
+            matches!(e, TransportEvent::Refused { .. })
+        })
+        .await;
+        let TransportEvent::Refused { reason, .. } = refused else {
+            unreachable!("matched above")
+        };
+        assert!(
+            reason.contains(why) || reason.contains("handshake failed"),
+            "{name}: {reason}"
+        );
+
+        // It is dialed: the dialer refuses its server certificate.
+        good.add_route(odd.addr());
+        let from = pid("good").actor("tx", 0).unwrap();
+        good.send(&from, &odd_port, Generation(0), Num(2))
+            .await
+            .unwrap();
+        let cause = undeliverable(&mut good_events).await;
+        assert!(
+            matches!(cause, UndeliveredCause::LinkFailed(LinkFailure::Refused(ref r)) if r.contains(why) || r.contains("invalid peer certificate")),
+            "{name}: {cause}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_close_when_the_peers_certificate_expires_and_renewal_restores_them() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let config = EndpointConfig::default().reconnect_timeout(Duration::from_secs(20));
+    let b = bind(&ca, "b", config.clone());
+    let mut b_events = b.take_events().unwrap();
+    let mut inbox = b
+        .open_port(pid("b").actor("rx", 0).unwrap().port(0))
+        .unwrap();
+    // a's certificate expires within a few seconds.
+    let now = std::time::SystemTime::now();
+    let short =
+        Validity::between(now - Duration::from_secs(60), now + Duration::from_secs(3)).unwrap();
+    let a = bind_with(ca.issue(&pid("a"), Role::Proc, short).unwrap(), config);
+    let mut a_events = a.take_events().unwrap();
+    // Certificates carry whole seconds.
+    let whole =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert_eq!(whole(a.credentials_not_after()), whole(short.not_after()));
+    a.add_route(b.addr());
+    let from = pid("a").actor("tx", 0).unwrap();
+    a.send(&from, inbox.port(), Generation(0), Num(1))
+        .await
+        .unwrap();
+    assert_eq!(recv(&mut inbox).await.decode::<Num>().unwrap(), Num(1));
+
+    // At expiry the listener closes the link, and the redial is refused.
+    let failed = next_event(&mut b_events, "inbound link closed at expiry", |e| {
+        matches!(
+            e,
+            TransportEvent::LinkFailed {
+                direction: Direction::Inbound,
+                ..
+            }
+        )
+    })
+    .await;
+    let TransportEvent::LinkFailed { cause, .. } = failed else {
+        unreachable!("matched above")
+    };
+    assert!(
+        matches!(&cause, LinkFailure::Refused(r) if r.contains("expired")),
+        "{cause:?}"
+    );
+    assert!(std::time::SystemTime::now() >= a.credentials_not_after());
+    next_event(&mut b_events, "redial refused", |e| {
+        matches!(e, TransportEvent::Refused { .. })
+    })
+    .await;
+    a.send(&from, inbox.port(), Generation(0), Num(2))
+        .await
+        .unwrap();
+    assert!(
+        timeout(Duration::from_millis(500), inbox.recv())
+            .await
+            .is_err(),
+        "delivered with an expired certificate"
+    );
+
+    // A renewed certificate: the kept message goes through on the next dial.
+    let wrong = ca
+        .issue(&pid("a"), Role::Controller, Validity::job())
+        .unwrap();
+    assert!(
+        a.renew_credentials(wrong).is_err(),
+        "a renewal may not change the role"
+    );
+    let renewed = ca.issue(&pid("a"), Role::Proc, Validity::job()).unwrap();
+    let not_after = renewed.not_after();
+    a.renew_credentials(renewed).unwrap();
+    assert_eq!(a.credentials_not_after(), not_after);
+    let d = recv(&mut inbox).await;
+    assert_eq!(d.decode::<Num>().unwrap(), Num(2));
+    while let Ok(e) = a_events.try_recv() {
+        assert!(!matches!(e, TransportEvent::Undeliverable(_)), "{e:?}");
+    }
+}
+
+#[test]
+fn handshake_admission_retries_unvalidated_dialers_under_load_and_bounds_waiting() {
+    use crate::inbound::{Admission, admission};
+    // (validated, in flight, pending) with 64 slots and 4 waiting at most.
+    let decide = |validated, in_flight, pending| admission(validated, in_flight, pending, 64, 4);
+    assert_eq!(decide(false, 0, 0), Admission::Accept);
+    assert_eq!(decide(false, 31, 0), Admission::Accept);
+    assert_eq!(decide(false, 32, 0), Admission::Retry);
+    assert_eq!(decide(false, 64, 4), Admission::Retry);
+    assert_eq!(decide(true, 32, 0), Admission::Accept);
+    assert_eq!(decide(true, 63, 0), Admission::Accept);
+    assert_eq!(decide(true, 64, 0), Admission::Wait);
+    assert_eq!(decide(true, 64, 3), Admission::Wait);
+    assert_eq!(decide(true, 64, 4), Admission::Refuse);
+    // One slot: every unvalidated dialer is sent a Retry.
+    assert_eq!(admission(false, 0, 0, 1, 1), Admission::Retry);
+    assert_eq!(admission(true, 0, 0, 1, 1), Admission::Accept);
+}
+
+#[test]
+fn config_durations_are_bounded() {
+    let too_long = config::MAX_CONFIG_DURATION + Duration::from_secs(1);
+    for config in [
+        EndpointConfig::default().reconnect_timeout(too_long),
+        EndpointConfig::default().pair_idle_timeout(Duration::MAX),
+        EndpointConfig::default().connect_timeout(too_long),
+        EndpointConfig::default()
+            .failure_timeout(too_long)
+            .heartbeat_interval(Duration::from_secs(1)),
+    ] {
+        assert!(
+            matches!(config.validate(), Err(Error::Config(_))),
+            "{config:?}"
+        );
+    }
+    EndpointConfig::default()
+        .reconnect_timeout(config::MAX_CONFIG_DURATION)
+        .validate()
+        .unwrap();
 }

@@ -44,8 +44,8 @@
 //! use regent_rdma::{BufferManager, ManagerConfig, Memory, RemoteBuffer};
 //!
 //! let ca = ClusterCa::generate("example")?;
-//! let owner = BufferManager::start(ManagerConfig::default(), ca.issue(&ProcId::new("a")?)?).await?;
-//! let reader = BufferManager::start(ManagerConfig::default(), ca.issue(&ProcId::new("b")?)?).await?;
+//! let owner = BufferManager::start(ManagerConfig::default(), ca.issue(&ProcId::new("a")?, regent_net::Role::Proc, regent_net::Validity::job())?).await?;
+//! let reader = BufferManager::start(ManagerConfig::default(), ca.issue(&ProcId::new("b")?, regent_net::Role::Proc, regent_net::Validity::job())?).await?;
 //!
 //! let mut memory = Memory::allocate(1 << 20)?;
 //! memory[..5].copy_from_slice(b"hello");

@@ -26,12 +26,28 @@ struct Pair {
 
 async fn pair(config: ManagerConfig) -> Pair {
     let ca = ClusterCa::generate("rdma test").unwrap();
-    let owner = BufferManager::start(config.clone(), ca.issue(&pid("owner")).unwrap())
-        .await
-        .unwrap();
-    let reader = BufferManager::start(config, ca.issue(&pid("reader")).unwrap())
-        .await
-        .unwrap();
+    let owner = BufferManager::start(
+        config.clone(),
+        ca.issue(
+            &pid("owner"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let reader = BufferManager::start(
+        config,
+        ca.issue(
+            &pid("reader"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .unwrap(),
+    )
+    .await
+    .unwrap();
     Pair { ca, owner, reader }
 }
 
@@ -299,9 +315,22 @@ async fn the_tcp_backend_refuses_clients_without_a_cluster_certificate() {
 
     // A certificate of another CA: refused.
     let other = ClusterCa::generate("other cluster").unwrap();
-    let stranger: ProcCredentials = other.issue(&pid("reader")).unwrap();
+    let stranger: ProcCredentials = other
+        .issue(
+            &pid("reader"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .unwrap();
     let (chain, key, _) = stranger.to_pem();
-    let (_, _, our_ca) = p.ca.issue(&pid("x")).unwrap().to_pem();
+    let (_, _, our_ca) =
+        p.ca.issue(
+            &pid("x"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .unwrap()
+        .to_pem();
     let mixed =
         ProcCredentials::danger_unchecked_from_pem(pid("reader"), &chain, &key, &our_ca).unwrap();
     let mut config = mixed.client_config().unwrap();
@@ -316,7 +345,13 @@ async fn the_tcp_backend_refuses_clients_without_a_cluster_certificate() {
 
     // A cluster certificate that claims another proc: refused by the
     // identity check.
-    let mallory = p.ca.issue(&pid("mallory")).unwrap();
+    let mallory =
+        p.ca.issue(
+            &pid("mallory"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .unwrap();
     let mut config = mallory.client_config().unwrap();
     config.alpn_protocols = vec![ALPN.to_vec()];
     let mut tls = raw_tls_client(addr, &owner, config.clone()).await.unwrap();
@@ -332,7 +367,12 @@ async fn the_tcp_backend_refuses_clients_without_a_cluster_certificate() {
     // The reader refuses an owner whose certificate names someone else.
     let impostor = BufferManager::start(
         ManagerConfig::default(),
-        p.ca.issue(&pid("impostor")).unwrap(),
+        p.ca.issue(
+            &pid("impostor"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .unwrap(),
     )
     .await
     .unwrap();

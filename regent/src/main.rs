@@ -90,12 +90,26 @@ enum CaCommand {
         /// Replace an existing CA.
         #[arg(long)]
         force: bool,
+        /// How many days the CA is valid; it issues nothing valid longer.
+        #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=36500))]
+        valid_days: u32,
     },
-    /// Issue the credentials of a proc or host agent: writes NAME.crt,
-    /// NAME.key (mode 0600) and ca.crt.
+    /// Issue the credentials of a host agent, a controller or a proc:
+    /// writes NAME.crt, NAME.key (mode 0600) and ca.crt. Renew by issuing
+    /// again before they expire (a running `regent host` reloads its
+    /// credentials on SIGHUP).
     Issue {
         /// The proc id (a DNS label: a-z, 0-9, -).
         name: String,
+        /// What the holder may do: `host-agent` (starts procs for
+        /// controllers), `controller` (may spawn, renew, signal and stop
+        /// procs on every host agent of the cluster) or `proc`.
+        #[arg(long, value_parser = parse_role)]
+        role: regent_net::Role,
+        /// How many days the certificate is valid (default 7, a job's
+        /// lifetime).
+        #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=36500))]
+        valid_days: u32,
         /// The directory of the CA.
         #[arg(long)]
         dir: PathBuf,
@@ -217,6 +231,14 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `regent ca init` and `regent ca issue`.
+fn parse_role(s: &str) -> Result<regent_net::Role, String> {
+    s.parse().map_err(|e: regent_net::Error| e.to_string())
+}
+
+fn days(n: u32) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::from(n) * 24 * 3600)
+}
+
 fn ca(command: CaCommand) -> anyhow::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
     let private_dir = |dir: &std::path::Path| {
@@ -227,7 +249,12 @@ fn ca(command: CaCommand) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))
     };
     match command {
-        CaCommand::Init { dir, name, force } => {
+        CaCommand::Init {
+            dir,
+            name,
+            force,
+            valid_days,
+        } => {
             if dir.join("ca.key").exists() && !force {
                 anyhow::bail!(
                     "{} already holds a CA (ca.key); --force replaces it",
@@ -235,17 +262,28 @@ fn ca(command: CaCommand) -> anyhow::Result<()> {
                 );
             }
             private_dir(&dir)?;
-            regent_net::ClusterCa::generate(&name)?.save(&dir)?;
-            println!("cluster CA {name:?} written to {}", dir.display());
+            let validity = regent_net::Validity::for_duration(days(valid_days))?;
+            regent_net::ClusterCa::generate_with_validity(&name, validity)?.save(&dir)?;
+            println!(
+                "cluster CA {name:?} written to {}, valid for {valid_days} days",
+                dir.display()
+            );
         }
-        CaCommand::Issue { name, dir, out } => {
+        CaCommand::Issue {
+            name,
+            role,
+            valid_days,
+            dir,
+            out,
+        } => {
             let proc = regent_net::ProcId::new(&name)?;
             let ca = regent_net::ClusterCa::load(&dir)?;
             let out = out.unwrap_or(dir);
             private_dir(&out)?;
-            ca.issue(&proc)?.save(&out)?;
+            let validity = regent_net::Validity::for_duration(days(valid_days))?;
+            ca.issue(&proc, role, validity)?.save(&out)?;
             println!(
-                "credentials of {proc} written to {}: {proc}.crt, {proc}.key, ca.crt",
+                "credentials of {proc} ({role}, valid for {valid_days} days) written to {}: {proc}.crt, {proc}.key, ca.crt",
                 out.display()
             );
         }

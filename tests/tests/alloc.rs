@@ -30,12 +30,12 @@ use regent_mesh::alloc::{
 };
 use regent_mesh::boot::{PARENT_PID_ENV, ROLE_ENV};
 use regent_mesh::host::wire::{
-    HostOp, HostReply, HostRequest, ProcExited, ProcReady, ReplyOk, RequestId, SpawnRequest,
-    alloc_actor, host_port,
+    HostOp, HostReply, HostRequest, MAX_LEASE, MAX_STOP_GRACE, ProcExited, ProcReady, Renew,
+    ReplyOk, RequestId, SpawnRequest, alloc_actor, host_port,
 };
 use regent_net::{
     ActorId, ClusterCa, Endpoint, EndpointConfig, Generation, Inbox, Message, ProcAddr, ProcId,
-    TypeTag,
+    Role, TypeTag, Validity,
 };
 use tokio::sync::mpsc;
 
@@ -132,7 +132,8 @@ impl Controller {
         let proc = pid_of(name);
         let config = EndpointConfig::default().failure_timeout(FAILURE_TIMEOUT);
         let endpoint = Endpoint::bind(
-            ca.issue(&proc).expect("issue"),
+            ca.issue(&proc, Role::Controller, Validity::job())
+                .expect("issue"),
             "127.0.0.1:0".parse().expect("addr"),
             config,
         )
@@ -154,7 +155,11 @@ impl Controller {
             .iter()
             .map(|name| {
                 let proc = pid_of(name);
-                let (cert_pem, key_pem, ca_pem) = self.ca.issue(&proc).expect("issue").to_pem();
+                let (cert_pem, key_pem, ca_pem) = self
+                    .ca
+                    .issue(&proc, Role::Proc, Validity::job())
+                    .expect("issue")
+                    .to_pem();
                 ProcBoot {
                     proc,
                     ca_pem,
@@ -512,7 +517,7 @@ struct HostProcess {
 impl HostProcess {
     fn start(ca: &ClusterCa, name: &str, marker: &str, extra: &[&str]) -> Self {
         let dir = TempDir::new("alloc", name);
-        ca.issue(&pid_of(name))
+        ca.issue(&pid_of(name), Role::HostAgent, Validity::job())
             .expect("issue")
             .save(&dir.0)
             .expect("save credentials");
@@ -819,10 +824,13 @@ async fn owner_lease_lapse_stops_procs() {
     }
     let last_contact = Instant::now();
 
-    // Another owner (a proc of the same cluster) may not touch them.
+    // Another owner (another controller of the same cluster) may not touch
+    // them.
     let intruder_id = pid_of("intruder");
     let intruder = Endpoint::bind(
-        ctl.ca.issue(&intruder_id).expect("issue"),
+        ctl.ca
+            .issue(&intruder_id, Role::Controller, Validity::job())
+            .expect("issue"),
         "127.0.0.1:0".parse().expect("addr"),
         EndpointConfig::default(),
     )
@@ -979,4 +987,420 @@ async fn slurm_allocator_starts_host_agents_with_srun() {
         assert!(Instant::now() < deadline, "job {job} still {state}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// What a host agent sent an owner.
+#[derive(Debug)]
+enum FromHost {
+    Reply(HostReply),
+    Ready(ProcReady),
+    Exited(ProcExited),
+}
+
+/// Speaks the host protocol directly, as the owner actor `regent-alloc[0]`
+/// of `endpoint`'s proc, to one host agent.
+struct RawOwner {
+    endpoint: Endpoint,
+    actor: ActorId,
+    host: ProcAddr,
+    inbox: Inbox,
+    next: u64,
+    seen: Vec<FromHost>,
+}
+
+impl RawOwner {
+    fn new(endpoint: &Endpoint, host: &ProcAddr) -> Self {
+        endpoint.add_route(host.clone());
+        let actor = alloc_actor(endpoint.proc(), 0);
+        let inbox = endpoint.open_port(actor.port(0)).expect("owner port");
+        Self {
+            endpoint: endpoint.clone(),
+            actor,
+            host: host.clone(),
+            inbox,
+            next: 0,
+            seen: Vec::new(),
+        }
+    }
+
+    async fn send<M: Message>(&self, message: M) {
+        self.endpoint
+            .send(
+                &self.actor,
+                &host_port(&self.host.proc),
+                Generation(0),
+                message,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("send to the host agent: {}", e.failure));
+    }
+
+    /// The next message from the host (seen before, or coming within
+    /// `within`) that `pick` takes; `None` if none came.
+    async fn find<T>(
+        &mut self,
+        within: Duration,
+        mut pick: impl FnMut(&FromHost) -> Option<T>,
+    ) -> Option<T> {
+        if let Some(i) = self.seen.iter().position(|m| pick(m).is_some()) {
+            return pick(&self.seen.remove(i));
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        while let Ok(Some(d)) = tokio::time::timeout_at(deadline, self.inbox.recv()).await {
+            let m = if d.type_tag == TypeTag::of::<HostReply>() {
+                FromHost::Reply(d.decode().expect("reply"))
+            } else if d.type_tag == TypeTag::of::<ProcReady>() {
+                FromHost::Ready(d.decode().expect("ready"))
+            } else {
+                FromHost::Exited(d.decode().expect("a host message"))
+            };
+            if let Some(t) = pick(&m) {
+                return Some(t);
+            }
+            self.seen.push(m);
+        }
+        None
+    }
+
+    /// Sends a request and waits for its reply.
+    async fn request(&mut self, op: HostOp) -> Result<ReplyOk, String> {
+        self.next += 1;
+        let id = RequestId(self.next);
+        self.send(HostRequest { id, op }).await;
+        self.find(DEADLINE, |m| match m {
+            FromHost::Reply(r) if r.id == id => Some(r.outcome.clone()),
+            _ => None,
+        })
+        .await
+        .unwrap_or_else(|| panic!("no reply to request {id} in time; seen {:?}", self.seen))
+    }
+
+    /// A spawn request for `boot` (its parent set to the host agent).
+    fn spawn_op(&self, mut boot: ProcBoot, lease: Duration, marker: &str) -> HostOp {
+        boot.parent = self.host.clone();
+        HostOp::Spawn(Box::new(SpawnRequest {
+            boot,
+            program: None,
+            args: Vec::new(),
+            env: vec![(MARKER_ENV.into(), marker.into())],
+            lease,
+        }))
+    }
+
+    /// Spawns a proc from `boot` with `lease` and waits until it is ready.
+    async fn spawn_ready(
+        &mut self,
+        boot: ProcBoot,
+        lease: Duration,
+        marker: &str,
+    ) -> AllocatedProc {
+        let proc = boot.proc.clone();
+        let outcome = self.request(self.spawn_op(boot, lease, marker)).await;
+        assert!(
+            matches!(outcome, Ok(ReplyOk::Spawned { .. })),
+            "{outcome:?}"
+        );
+        let ready = self
+            .find(DEADLINE, |m| match m {
+                FromHost::Ready(r) if r.proc == proc => Some(r.clone()),
+                _ => None,
+            })
+            .await
+            .expect("the proc reports ready");
+        AllocatedProc {
+            proc: ready.proc,
+            addr: ready.addr,
+            pid: ready.pid,
+            host: self.host.proc.to_string(),
+        }
+    }
+
+    /// The exit of `proc` reported so far or within `within`.
+    async fn exit_of(&mut self, proc: &ProcId, within: Duration) -> Option<ProcStatus> {
+        self.find(within, |m| match m {
+            FromHost::Exited(e) if e.proc == *proc => Some(e.status),
+            _ => None,
+        })
+        .await
+    }
+}
+
+impl HostProcess {
+    /// Whether the agent process still runs (reaps it if it ended).
+    fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The agent's exit status, waiting up to `within`.
+    async fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// An endpoint of `name` with a certificate of `role` from `ca`.
+fn endpoint_as(ca: &ClusterCa, name: &str, role: Role) -> Endpoint {
+    Endpoint::bind(
+        ca.issue(&pid_of(name), role, Validity::job())
+            .expect("issue"),
+        "127.0.0.1:0".parse().expect("addr"),
+        EndpointConfig::default(),
+    )
+    .expect("bind")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_agents_obey_only_controllers() {
+    let marker = marker("roles");
+    let mut ctl = Controller::new("ctl-roles");
+    let mut host = HostProcess::start(&ctl.ca, "host-roles", &marker, &[]);
+    let mut owner = RawOwner::new(&ctl.endpoint, &host.addr);
+    let boot = ctl.boots(&names("ruled", 1)).remove(0);
+    let victim = owner
+        .spawn_ready(boot, Duration::from_secs(30), &marker)
+        .await;
+
+    // A proc of the cluster (a real QUIC client with a proc certificate),
+    // and another host agent, ask for everything: all refused.
+    for (name, role) in [("rogue-proc", Role::Proc), ("rogue-host", Role::HostAgent)] {
+        let rogue = endpoint_as(&ctl.ca, name, role);
+        let mut as_owner = RawOwner::new(&rogue, &host.addr);
+        // A spawn that would start (its boot is of this CA, owned by the
+        // rogue) if the agent took requests from any certificate.
+        let mut boot = ctl.boots(&[format!("{name}-child")]).remove(0);
+        boot.owner = rogue.addr();
+        let ops = [
+            as_owner.spawn_op(boot, Duration::from_secs(30), &marker),
+            HostOp::Stop {
+                proc: victim.proc.clone(),
+                grace: Duration::ZERO,
+            },
+            HostOp::Signal {
+                proc: victim.proc.clone(),
+                signal: ProcSignal::Kill,
+            },
+            HostOp::Shutdown,
+        ];
+        for op in ops {
+            let what = format!("{op:?}").chars().take(40).collect::<String>();
+            let outcome = as_owner.request(op).await;
+            assert!(
+                matches!(&outcome, Err(why) if why.contains("only a controller may")),
+                "{role} {what}: {outcome:?}"
+            );
+        }
+        assert!(
+            as_owner
+                .exit_of(&pid_of(&format!("{name}-child")), Duration::ZERO)
+                .await
+                .is_none()
+        );
+    }
+    // The victim lives on, the agent too, and the controller still rules.
+    assert!(host.running(), "the host agent died");
+    assert_eq!(
+        ctl.ping(&victim, DEADLINE).await.expect("pong").pid,
+        victim.pid
+    );
+    assert_eq!(
+        owner
+            .request(HostOp::Signal {
+                proc: victim.proc.clone(),
+                signal: ProcSignal::Cont,
+            })
+            .await,
+        Ok(ReplyOk::Done)
+    );
+    assert!(owner.exit_of(&victim.proc, Duration::ZERO).await.is_none());
+    assert_eq!(
+        owner
+            .request(HostOp::Stop {
+                proc: victim.proc.clone(),
+                grace: Duration::from_secs(10),
+            })
+            .await,
+        Ok(ReplyOk::Done)
+    );
+    assert_eq!(
+        owner.exit_of(&victim.proc, DEADLINE).await,
+        Some(ProcStatus::Signal(Signal::SIGTERM as i32))
+    );
+    drop(host);
+    assert_no_marked_processes(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_from_procs_do_not_keep_a_host_agent() {
+    // An agent exits after 1.5 s with no proc and no live lease. Only a
+    // controller's lease keeps it: a proc's renewals are refused, so they
+    // hold no lease.
+    let marker = marker("renew-roles");
+    let ctl = Controller::new("ctl-renew");
+    let mut host = HostProcess::start(&ctl.ca, "host-renew", &marker, &["--idle-exit-ms", "1500"]);
+    let owner = RawOwner::new(&ctl.endpoint, &host.addr);
+    let rogue = endpoint_as(&ctl.ca, "renewing-proc", Role::Proc);
+    let rogue = RawOwner::new(&rogue, &host.addr);
+    let start = Instant::now();
+    // The controller renews a 1 s lease for 3 s; the proc renews 60 s
+    // leases all along.
+    while start.elapsed() < Duration::from_secs(3) {
+        owner
+            .send(Renew {
+                lease: Duration::from_secs(1),
+            })
+            .await;
+        rogue
+            .send(Renew {
+                lease: Duration::from_secs(60),
+            })
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(host.running(), "exited while a controller held a lease");
+    }
+    let renewing = tokio::spawn(async move {
+        loop {
+            rogue
+                .send(Renew {
+                    lease: Duration::from_secs(60),
+                })
+                .await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let status = host.exit_within(DEADLINE).await;
+    let after = start.elapsed();
+    renewing.abort();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "a proc's renewals kept the agent: {status:?}"
+    );
+    println!("agent idle-exited {after:?} after start (controller lease stopped at 3 s)");
+    assert!(after >= Duration::from_secs(3) + Duration::from_millis(1500));
+    drop(host);
+    assert_no_marked_processes(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_durations_do_not_harm_a_host_agent_or_its_procs() {
+    let marker = marker("extremes");
+    let mut ctl = Controller::new("ctl-extremes");
+    let mut host = HostProcess::start(&ctl.ca, "host-extremes", &marker, &[]);
+    let mut owner = RawOwner::new(&ctl.endpoint, &host.addr);
+    let mut boots = ctl.boots(&names("extreme", 3));
+    let a = owner
+        .spawn_ready(boots.remove(0), Duration::from_secs(30), &marker)
+        .await;
+    let b = owner
+        .spawn_ready(boots.remove(0), Duration::from_secs(30), &marker)
+        .await;
+    let huge = [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        Duration::from_secs(u64::MAX - 1),
+        MAX_LEASE + Duration::from_nanos(1),
+    ];
+
+    // Renew: a lease past MAX_LEASE does not decode (before, `Instant +
+    // Duration` overflowed on the agent's main task: exit 101).
+    for lease in huge {
+        owner.send(Renew { lease }).await;
+    }
+    // Spawn: its lease, and the proc's owner lease, are bounded too.
+    let spare = boots.remove(0);
+    for lease in huge {
+        let outcome = owner
+            .request(owner.spawn_op(spare.clone(), lease, &marker))
+            .await;
+        assert!(
+            matches!(&outcome, Err(why) if why.contains("does not decode")),
+            "{outcome:?}"
+        );
+    }
+    let mut long_owned = spare.clone();
+    long_owned.owner_lease = Duration::MAX;
+    let outcome = owner
+        .request(owner.spawn_op(long_owned, Duration::from_secs(30), &marker))
+        .await;
+    assert!(
+        matches!(&outcome, Err(why) if why.contains("longer than")),
+        "{outcome:?}"
+    );
+    // Stop: a grace past MAX_STOP_GRACE does not decode (before, it killed
+    // the proc's watcher: the exit was never reported, the name stayed
+    // taken).
+    for grace in huge
+        .into_iter()
+        .chain([MAX_STOP_GRACE + Duration::from_nanos(1)])
+    {
+        let outcome = owner
+            .request(HostOp::Stop {
+                proc: a.proc.clone(),
+                grace,
+            })
+            .await;
+        assert!(
+            matches!(&outcome, Err(why) if why.contains("does not decode")),
+            "{outcome:?}"
+        );
+    }
+
+    // The agent and both procs are up and answer.
+    assert!(host.running(), "the host agent died");
+    for p in [&a, &b] {
+        assert_eq!(ctl.ping(p, DEADLINE).await.expect("pong").pid, p.pid);
+        assert!(owner.exit_of(&p.proc, Duration::ZERO).await.is_none());
+    }
+
+    // At the bounds everything works: a stop with the longest grace
+    // (SIGTERM kills this proc at once), a renewal of the longest lease.
+    owner.send(Renew { lease: MAX_LEASE }).await;
+    let outcome = owner
+        .request(HostOp::Stop {
+            proc: a.proc.clone(),
+            grace: MAX_STOP_GRACE,
+        })
+        .await;
+    assert_eq!(outcome, Ok(ReplyOk::Done));
+    assert_eq!(
+        owner.exit_of(&a.proc, DEADLINE).await,
+        Some(ProcStatus::Signal(Signal::SIGTERM as i32))
+    );
+    // The stopped proc's name is free again.
+    let again = owner
+        .spawn_ready(
+            ctl.boots(&[a.proc.to_string()]).remove(0),
+            MAX_LEASE,
+            &marker,
+        )
+        .await;
+    // A lease of zero lapses at once: the owner's procs are stopped, as
+    // documented, and the agent stays up.
+    owner
+        .send(Renew {
+            lease: Duration::ZERO,
+        })
+        .await;
+    for p in [&b, &again] {
+        assert_eq!(
+            owner.exit_of(&p.proc, DEADLINE).await,
+            Some(ProcStatus::Signal(Signal::SIGTERM as i32))
+        );
+    }
+    assert!(host.running(), "the host agent died");
+    drop(host);
+    assert_no_marked_processes(&marker).await;
 }

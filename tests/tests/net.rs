@@ -56,7 +56,14 @@ fn write_creds(dir: &Path, tag: &str, chain: &str, key: &str, ca: &str) -> CredF
 }
 
 fn issued(ca: &ClusterCa, dir: &Path, proc: &str) -> CredFiles {
-    let (chain, key, ca_pem) = ca.issue(&pid(proc)).expect("issue").to_pem();
+    let (chain, key, ca_pem) = ca
+        .issue(
+            &pid(proc),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .expect("issue")
+        .to_pem();
     write_creds(dir, proc, &chain, &key, &ca_pem)
 }
 
@@ -185,6 +192,19 @@ impl Peer {
         }
     }
 
+    /// Its endpoint's handshake stats: (in flight, pending, retried,
+    /// refused).
+    async fn handshake_stats(&mut self) -> (u64, u64, u64, u64) {
+        self.command("stats");
+        let line = self.expect("stats", |l| l.starts_with("STATS ")).await;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|w| w.parse().expect("a number"))
+            .collect();
+        (v[0], v[1], v[2], v[3])
+    }
+
     /// Kills and reaps the process (idempotent).
     fn kill(&mut self) {
         let _ = self.child.kill();
@@ -209,12 +229,22 @@ struct Hub {
 
 impl Hub {
     fn new(ca: &ClusterCa, config: EndpointConfig) -> Self {
-        let creds = ca.issue(&pid("hub")).expect("issue hub");
+        Self::new_named(ca, "hub", config)
+    }
+
+    fn new_named(ca: &ClusterCa, name: &str, config: EndpointConfig) -> Self {
+        let creds = ca
+            .issue(
+                &pid(name),
+                regent_net::Role::Proc,
+                regent_net::Validity::job(),
+            )
+            .expect("issue hub");
         let endpoint =
             Endpoint::bind(creds, "127.0.0.1:0".parse().expect("addr"), config).expect("bind hub");
         let events = endpoint.take_events().expect("events");
         let inbox = endpoint
-            .open_port(pid("hub").actor("inbox", 0).expect("actor").port(0))
+            .open_port(pid(name).actor("inbox", 0).expect("actor").port(0))
             .expect("open port");
         Self {
             endpoint,
@@ -253,7 +283,7 @@ impl Hub {
     }
 
     async fn send(&self, to: &PortId, stream: u32, ns: std::ops::Range<u64>, reply: bool) {
-        let from = pid("hub").actor("sender", stream).expect("actor");
+        let from = self.endpoint.proc().actor("sender", stream).expect("actor");
         for n in ns {
             let probe = Probe {
                 stream,
@@ -619,12 +649,13 @@ async fn peers_without_a_certificate_of_this_cluster_for_their_identity_are_refu
     let ca = ClusterCa::generate("refusal").expect("ca");
     let mut hub = Hub::new(&ca, EndpointConfig::default());
 
-    // Self-signed, trusting our CA.
+    // Self-signed, claiming the controller role, trusting our CA.
     let key = rcgen::KeyPair::generate().expect("key");
-    let cert = rcgen::CertificateParams::new(vec!["selfie".to_owned()])
-        .expect("params")
-        .self_signed(&key)
-        .expect("self-sign");
+    let mut params = rcgen::CertificateParams::new(vec!["selfie".to_owned()]).expect("params");
+    params.subject_alt_names.push(rcgen::SanType::URI(
+        "regent-role:controller".try_into().expect("URI"),
+    ));
+    let cert = params.self_signed(&key).expect("self-sign");
     let selfie = write_creds(
         &dir.0,
         "selfie",
@@ -637,13 +668,27 @@ async fn peers_without_a_certificate_of_this_cluster_for_their_identity_are_refu
 
     // Issued by another CA, trusting ours.
     let other = ClusterCa::generate("other").expect("other ca");
-    let (chain, key, _) = other.issue(&pid("stranger")).expect("issue").to_pem();
+    let (chain, key, _) = other
+        .issue(
+            &pid("stranger"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .expect("issue")
+        .to_pem();
     let files = write_creds(&dir.0, "stranger", &chain, &key, ca.cert_pem());
     let reason = refused(&mut hub, "stranger", &files, false).await;
     assert!(reason.contains("handshake failed"), "{reason}");
 
     // Issued by our CA to "mallory", claiming to be "alice".
-    let (chain, key, ca_pem) = ca.issue(&pid("mallory")).expect("issue").to_pem();
+    let (chain, key, ca_pem) = ca
+        .issue(
+            &pid("mallory"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .expect("issue")
+        .to_pem();
     assert!(ProcCredentials::from_pem(pid("alice"), &chain, &key, &ca_pem).is_err());
     let files = write_creds(&dir.0, "mallory", &chain, &key, &ca_pem);
     let reason = refused(&mut hub, "alice", &files, true).await;
@@ -721,4 +766,142 @@ async fn an_oversized_frame_is_rejected_with_a_clear_error() {
     // The same pair goes on.
     hub.send(&record, 5, 1..3, false).await;
     peer.expect_got(5, 2).await;
+}
+
+/// A value in kB from `/proc/<pid>/status` (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Sends `count` QUIC Initials (each a new connection attempt with its own
+/// TLS ClientHello) to `target` at `per_second`, from one UDP socket, and
+/// never answers what comes back: half-open handshakes, as a flood makes
+/// them. Returns the datagrams sent.
+fn flood_initials(
+    target: SocketAddr,
+    server_name: &str,
+    client: quinn_proto::ClientConfig,
+    count: usize,
+    per_second: u32,
+) -> std::io::Result<usize> {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let mut endpoint = quinn_proto::Endpoint::new(
+        std::sync::Arc::new(quinn_proto::EndpointConfig::default()),
+        None,
+        false,
+        None,
+    );
+    let mut buf = Vec::with_capacity(1 << 16);
+    let start = Instant::now();
+    let mut sent = 0;
+    for i in 0..count {
+        // Pacing to the rate (not a wait for a condition).
+        let due = start + Duration::from_secs_f64(i as f64 / f64::from(per_second));
+        if let Some(early) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(early);
+        }
+        let (_, mut conn) = endpoint
+            .connect(Instant::now(), client.clone(), target, server_name)
+            .map_err(std::io::Error::other)?;
+        buf.clear();
+        if let Some(t) = conn.poll_transmit(Instant::now(), 1, &mut buf) {
+            socket.send_to(&buf[..t.size], t.destination)?;
+            sent += 1;
+        }
+    }
+    Ok(sent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_quic_initials_holds_bounded_state_and_peers_still_connect() {
+    const FLOOD: usize = 6000;
+    const RATE: u32 = 3000;
+    let dir = TempDir::new("net", "flood");
+    let ca = ClusterCa::generate("flood").expect("ca");
+    let mut hub = Hub::new(&ca, EndpointConfig::default());
+    let mut peer = Peer::spawn("target", &issued(&ca, &dir.0, "target"), &[]).await;
+    hub.route(&peer);
+    // Warm up: one real exchange, so the baseline has a link up.
+    hub.send(&port("target", "echo"), 0, 0..1, true).await;
+    timeout(DEADLINE, hub.inbox.recv())
+        .await
+        .expect("echo before the flood");
+    let os_pid = peer.child.id();
+    let rss_before = status_kib(os_pid, "VmRSS");
+
+    let client = ca
+        .issue(
+            &pid("flooder"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .expect("issue")
+        .quic_client_config()
+        .expect("client config");
+    let target = peer.socket();
+    let flood = std::thread::spawn(move || flood_initials(target, "target", client, FLOOD, RATE));
+
+    // Under the flood: the target answers with Retries, its handshakes stay
+    // within their bound, and a peer with a certificate still connects
+    // (a new proc dials it and gets its echo back).
+    let start = Instant::now();
+    let mut max_in_flight = 0;
+    loop {
+        let (in_flight, _, retried, _) = peer.handshake_stats().await;
+        max_in_flight = max_in_flight.max(in_flight);
+        if retried > 0 {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "no Retry under the flood");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let late = Hub::new_named(&ca, "latecomer", EndpointConfig::default());
+    late.endpoint
+        .add_route(peer.addr.parse().expect("peer address"));
+    let mut late = late;
+    let t = Instant::now();
+    late.send(&port("target", "echo"), 1, 0..1, true).await;
+    timeout(DEADLINE, late.inbox.recv())
+        .await
+        .expect("a peer connects during the flood")
+        .expect("inbox open");
+    let connect_during_flood = t.elapsed();
+    let flood_still_on = !flood.is_finished();
+    while !flood.is_finished() {
+        let (in_flight, ..) = peer.handshake_stats().await;
+        max_in_flight = max_in_flight.max(in_flight);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = flood.join().expect("flood thread").expect("flood");
+    let (_, _, retried, refused) = peer.handshake_stats().await;
+    let peak = status_kib(os_pid, "VmHWM");
+    let growth_mib = peak.saturating_sub(rss_before) as f64 / 1024.0;
+    println!(
+        "flood of {sent} Initials at {RATE}/s: target RSS {:.1} MiB before, peak {:.1} MiB (+{growth_mib:.1} MiB); \
+         at most {max_in_flight} handshakes in flight; {retried} Retries, {refused} refused; \
+         a new peer's echo took {:.1} ms during the flood (flood still on: {flood_still_on})",
+        rss_before as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        connect_during_flood.as_secs_f64() * 1e3,
+    );
+    assert_eq!(sent, FLOOD);
+    assert!(max_in_flight <= 64, "{max_in_flight} handshakes in flight");
+    assert!(retried as usize >= FLOOD / 2, "only {retried} Retries");
+    // 64 half-open handshakes at ~60 KiB are 4 MiB; allow for allocator
+    // slack. Unbounded, this flood took ~384 MiB.
+    assert!(
+        growth_mib < 48.0,
+        "RSS grew {growth_mib:.1} MiB under the flood"
+    );
+    // The old link still works too.
+    hub.send(&port("target", "echo"), 2, 0..1, true).await;
+    timeout(DEADLINE, hub.inbox.recv())
+        .await
+        .expect("echo after the flood")
+        .expect("inbox open");
 }

@@ -55,7 +55,14 @@ struct Peer {
 impl Peer {
     async fn spawn(ca: &ClusterCa, name: &str) -> Self {
         let dir = TempDir::new("rdma", name);
-        let (chain, key, ca_pem) = ca.issue(&pid(name)).expect("issue").to_pem();
+        let (chain, key, ca_pem) = ca
+            .issue(
+                &pid(name),
+                regent_net::Role::Proc,
+                regent_net::Validity::job(),
+            )
+            .expect("issue")
+            .to_pem();
         let file = |ext: &str, body: &str| {
             let p = dir.0.join(format!("{name}.{ext}"));
             std::fs::write(&p, body).expect("write credentials");
@@ -147,9 +154,17 @@ impl Drop for Peer {
 }
 
 async fn reader(ca: &ClusterCa, name: &str, config: ManagerConfig) -> BufferManager {
-    BufferManager::start(config, ca.issue(&pid(name)).expect("issue"))
-        .await
-        .expect("start the reader's manager")
+    BufferManager::start(
+        config,
+        ca.issue(
+            &pid(name),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .expect("issue"),
+    )
+    .await
+    .expect("start the reader's manager")
 }
 
 /// Lines of this process's maps and descriptors that refer to a memfd of
@@ -604,7 +619,14 @@ async fn the_tcp_backend_refuses_clients_without_a_cluster_certificate() {
     );
     // A certificate from another cluster.
     let other = ClusterCa::generate("another cluster").expect("CA");
-    let (chain, key, _) = other.issue(&pid("reader")).expect("issue").to_pem();
+    let (chain, key, _) = other
+        .issue(
+            &pid("reader"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .expect("issue")
+        .to_pem();
     let ours = ca.cert_pem().to_owned();
     let stranger = ProcCredentials::danger_unchecked_from_pem(pid("reader"), &chain, &key, &ours)
         .expect("credentials");

@@ -258,7 +258,12 @@ fn write_credentials(dir: &Path, ca: &ClusterCa, names: &[ProcId]) -> Result<(),
         .create(dir)
         .map_err(io("create the host credentials directory"))?;
     for name in names {
-        ca.issue(name)?.save(dir)?;
+        ca.issue(
+            name,
+            regent_net::Role::HostAgent,
+            regent_net::Validity::job(),
+        )?
+        .save(dir)?;
     }
     Ok(())
 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use regent_net::{ActorId, Delivery, Endpoint, Message as _, ProcAddr, ProcId, TypeTag};
+use regent_net::{ActorId, Delivery, Endpoint, Message as _, ProcAddr, ProcId, Role, TypeTag};
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use crate::alloc::{ProcBoot, ProcSignal, ProcStatus};
 use crate::boot::{self, PARENT_PID_ENV, ROLE_ENV, ROLE_PROC};
 use crate::host::HostError;
-use crate::host::wire::{self, MAX_SPAWN_ARGS, MAX_SPAWN_ENV, Ready};
+use crate::host::wire::{self, MAX_LEASE, MAX_SPAWN_ARGS, MAX_SPAWN_ENV, MAX_STOP_GRACE, Ready};
 
 /// Configuration of a host agent, with documented defaults. Fields are
 /// public; the same-named methods set them builder-style.
@@ -57,7 +57,8 @@ pub struct HostConfig {
     /// are never dropped. Default 4096.
     pub event_buffer: NonZeroUsize,
     /// How long a proc whose owner's lease lapsed may take to exit after
-    /// SIGTERM before SIGKILL. Default 5 s.
+    /// SIGTERM before SIGKILL. Default 5 s; at most
+    /// [`wire::MAX_STOP_GRACE`].
     pub lease_stop_grace: Duration,
     /// How often leases are checked. Default 50 ms.
     pub lease_check_interval: Duration,
@@ -266,6 +267,28 @@ fn kill_and_reap(pids: &[Pid]) {
     }
 }
 
+/// The deadline `lease` from now, if the lease is within [`MAX_LEASE`].
+fn lease_deadline(lease: Duration) -> Result<Instant, HostError> {
+    if lease > MAX_LEASE {
+        return Err(HostError::Invalid(format!(
+            "a lease of {lease:?} is longer than {MAX_LEASE:?}"
+        )));
+    }
+    Instant::now()
+        .checked_add(lease)
+        .ok_or_else(|| HostError::Invalid(format!("a lease of {lease:?} ends past the clock")))
+}
+
+/// Checks a stop's grace against [`MAX_STOP_GRACE`].
+fn check_grace(grace: Duration) -> Result<(), HostError> {
+    if grace > MAX_STOP_GRACE {
+        return Err(HostError::Invalid(format!(
+            "a stop grace of {grace:?} is longer than {MAX_STOP_GRACE:?}"
+        )));
+    }
+    Ok(())
+}
+
 fn pid_i32(pid: u32) -> i32 {
     // Invariant: Linux pids are at most 2^22 (pid_max), so they fit.
     i32::try_from(pid).expect("a pid fits in i32")
@@ -306,6 +329,13 @@ impl HostAgent {
         config: HostConfig,
         requests: Option<mpsc::Sender<Delivery>>,
     ) -> Result<(Self, mpsc::Receiver<HostEvent>), HostError> {
+        check_grace(config.lease_stop_grace)?;
+        if config.lease_check_interval.is_zero() || config.lease_check_interval > MAX_LEASE {
+            return Err(HostError::Invalid(format!(
+                "lease_check_interval {:?} is not in (0, {MAX_LEASE:?}]",
+                config.lease_check_interval
+            )));
+        }
         let inbox = endpoint.open_port(wire::host_port(endpoint.proc()))?;
         let spawner = Spawner::start(tokio::runtime::Handle::current(), config.max_procs.get())?;
         let (events, events_rx) = mpsc::channel(config.event_buffer.get());
@@ -349,7 +379,8 @@ impl HostAgent {
     /// Starts a proc for `owner` and returns its pid once its boot is
     /// written. With `lease`, the spawn also renews the owner's lease: if
     /// [`Self::renew`] is not called for `lease`, every proc of the owner
-    /// is stopped. Its ready report and exit come as [`HostEvent`]s.
+    /// is stopped. Its ready report and exit come as [`HostEvent`]s. The
+    /// lease and the boot's `owner_lease` are at most [`MAX_LEASE`].
     pub async fn spawn(
         &self,
         owner: &ActorId,
@@ -358,6 +389,9 @@ impl HostAgent {
     ) -> Result<u32, HostError> {
         let inner = &self.inner;
         let proc = spec.boot.proc.clone();
+        let deadline = lease.map(lease_deadline).transpose()?;
+        // The proc computes its own lease deadline from this one.
+        lease_deadline(spec.boot.owner_lease)?;
         if spec.args.len() > MAX_SPAWN_ARGS {
             return Err(HostError::Invalid(format!(
                 "{} arguments (at most {MAX_SPAWN_ARGS})",
@@ -422,9 +456,9 @@ impl HostAgent {
                     procs: 0,
                 }),
             };
-            if let Some(lease) = lease {
+            if let (Some(lease), Some(deadline)) = (lease, deadline) {
                 o.lease = Some(lease);
-                o.deadline = Some(Instant::now() + lease);
+                o.deadline = Some(deadline);
                 o.lapsed = false;
             }
             o.procs += 1;
@@ -509,14 +543,17 @@ impl HostAgent {
         }
     }
 
-    /// Asks a proc to stop (SIGTERM, SIGKILL after `grace`) without waiting.
+    /// Asks a proc to stop (SIGTERM, SIGKILL after `grace`, at most
+    /// [`MAX_STOP_GRACE`]) without waiting.
     pub fn request_stop(&self, proc: &ProcId, grace: Duration) -> Result<(), HostError> {
+        check_grace(grace)?;
         self.command(proc, Cmd::Stop { grace, done: None })
     }
 
-    /// Stops a proc (SIGTERM, then SIGKILL after `grace`) and returns how it
-    /// ended.
+    /// Stops a proc (SIGTERM, then SIGKILL after `grace`, at most
+    /// [`MAX_STOP_GRACE`]) and returns how it ended.
     pub async fn stop(&self, proc: &ProcId, grace: Duration) -> Result<ProcStatus, HostError> {
+        check_grace(grace)?;
         let (done, rx) = oneshot::channel();
         self.command(
             proc,
@@ -554,12 +591,12 @@ impl HostAgent {
             .map(|e| e.owner.clone())
     }
 
-    /// Renews `owner`'s lease for `lease` from now (creating the owner if
-    /// new).
+    /// Renews `owner`'s lease for `lease` (at most [`MAX_LEASE`]) from now
+    /// (creating the owner if new).
     pub fn renew(&self, owner: &ActorId, lease: Duration) -> Result<(), HostError> {
+        let deadline = lease_deadline(lease)?;
         let mut st = lock(&self.inner.state);
         let owners = st.owners.len();
-        let deadline = Instant::now() + lease;
         match st.owners.get_mut(owner) {
             Some(o) => {
                 o.lease = Some(lease);
@@ -613,8 +650,9 @@ impl HostAgent {
     }
 
     /// Refuses new procs, stops every proc (SIGTERM, then SIGKILL after
-    /// `grace`) and waits until all have exited.
+    /// `grace`, cut to [`MAX_STOP_GRACE`]) and waits until all have exited.
     pub async fn shutdown(&self, grace: Duration) {
+        let grace = grace.min(MAX_STOP_GRACE);
         let cmds: Vec<_> = {
             let mut st = lock(&self.inner.state);
             st.closed = true;
@@ -695,18 +733,20 @@ async fn watch(
                 Some(Cmd::Signal(signal)) => send_signal(&proc, pid, signal),
                 Some(Cmd::Stop { grace, done }) => {
                     waiters.extend(done);
-                    let at = Instant::now() + grace;
+                    // Graces are bounded (MAX_STOP_GRACE) where commands are
+                    // made; one past the clock would kill at once.
+                    let at = Instant::now().checked_add(grace);
                     if !stopping {
                         stopping = true;
-                        if grace.is_zero() {
+                        if grace.is_zero() || at.is_none() {
                             send_signal(&proc, pid, Signal::SIGKILL);
                         } else {
                             send_signal(&proc, pid, Signal::SIGTERM);
                             // A stopped (SIGSTOP) proc could not act on it.
                             send_signal(&proc, pid, Signal::SIGCONT);
-                            kill_at = Some(at);
+                            kill_at = at;
                         }
-                    } else if let Some(k) = kill_at {
+                    } else if let (Some(k), Some(at)) = (kill_at, at) {
                         kill_at = Some(k.min(at));
                     }
                 }
@@ -791,6 +831,10 @@ async fn dispatch(
 
 fn on_ready(inner: &Inner, delivery: Delivery) {
     let sender = delivery.sender.clone();
+    if delivery.sender_role != Role::Proc {
+        tracing::warn!(%sender, role = %delivery.sender_role, "ready report refused: only procs report ready");
+        return;
+    }
     let ready = match delivery.decode::<Ready>() {
         Ok(r) => r,
         Err(e) => {

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use regent_net::{
-    ActorId, Delivery, Endpoint, EndpointConfig, Generation, Message as _, PortId, ProcAddr,
-    ProcCredentials, ProcId, TypeTag,
+    ActorId, Delivery, Endpoint, EndpointConfig, Generation, Message as _, Payload, PortId,
+    ProcAddr, ProcCredentials, ProcId, Role, TypeTag,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -25,8 +25,8 @@ use tokio::time::Instant;
 use crate::host::HostError;
 use crate::host::agent::{HostAgent, HostConfig, HostEvent, SpawnSpec};
 use crate::host::wire::{
-    self, HostHello, HostOp, HostReply, HostRequest, ProcExited, ProcReady, Renew, ReplyOk,
-    SpawnRequest,
+    self, HostHello, HostOp, HostReply, HostRequest, MAX_STOP_GRACE, ProcExited, ProcReady, Renew,
+    ReplyOk, RequestId, SpawnRequest,
 };
 
 /// Spawn requests handled at once; more wait in the port's inbox.
@@ -67,7 +67,9 @@ pub struct HostOptions {
 
 /// The usage text of [`HostOptions::from_args`].
 pub const USAGE: &str = "\
-regent host: a host agent that starts procs for owners authenticated by the cluster CA
+regent host: a host agent that starts procs for controllers authenticated by the cluster CA
+(certificates with the controller role; `regent ca issue --role host-agent` makes its own).
+SIGHUP reloads its credentials from --credentials (renewal before they expire).
 
 Options:
   --credentials DIR        credentials of this agent (<name>.crt, <name>.key, ca.crt)
@@ -79,7 +81,8 @@ Options:
   --announce-port PORT     the port to announce to (default PROC/regent-alloc[0]#0)
   --program PATH           program run for spawns that name none (default: this executable)
   --idle-exit-ms N         exit after N ms with no proc and no live owner lease
-  --lease-stop-grace-ms N  SIGTERM-to-SIGKILL grace when a lease lapses (default 5000)
+  --lease-stop-grace-ms N  SIGTERM-to-SIGKILL grace when a lease lapses (default 5000,
+                           at most 3600000)
   --max-procs N            procs at most (default 1024)
   --failure-timeout-ms N   link failure timeout of the endpoint (default 1000)";
 
@@ -150,7 +153,15 @@ impl HostOptions {
                 }
                 "--program" => o.config.program = Some(PathBuf::from(value)),
                 "--idle-exit-ms" => o.idle_exit = Some(ms(&value)?),
-                "--lease-stop-grace-ms" => o.config.lease_stop_grace = ms(&value)?,
+                "--lease-stop-grace-ms" => {
+                    let grace = ms(&value)?;
+                    if grace > MAX_STOP_GRACE {
+                        return Err(bad(format!(
+                            "--lease-stop-grace-ms {value} is longer than {MAX_STOP_GRACE:?}"
+                        )));
+                    }
+                    o.config.lease_stop_grace = grace;
+                }
                 "--max-procs" => {
                     o.config.max_procs = value
                         .parse::<NonZeroUsize>()
@@ -254,6 +265,13 @@ impl HostServer {
     pub fn bind(options: HostOptions) -> Result<Self, HostError> {
         let proc = options.proc_id()?;
         let credentials = ProcCredentials::load(&options.credentials, proc)?;
+        if credentials.role() != Role::HostAgent {
+            return Err(HostError::Options(format!(
+                "the certificate of {} is a {}'s, not a host agent's (`regent ca issue --role host-agent`)",
+                credentials.proc(),
+                credentials.role()
+            )));
+        }
         let mut listen = options.listen;
         if listen.ip().is_unspecified() {
             let target = options.announce.as_ref().ok_or_else(|| {
@@ -370,7 +388,6 @@ impl HostServer {
     }
 }
 
-/// Serves one request or renewal from an owner.
 /// Whether the server should stop after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Next {
@@ -378,6 +395,8 @@ enum Next {
     Exit,
 }
 
+/// Serves one request or renewal from an owner: only controllers may make
+/// them (the refusal is logged, and a request answered with it).
 fn handle(
     agent: &HostAgent,
     announce: Option<&ProcId>,
@@ -388,7 +407,16 @@ fn handle(
     const REQUEST: TypeTag = TypeTag::of::<HostRequest>();
     const RENEW: TypeTag = TypeTag::of::<Renew>();
     let owner = delivery.sender.clone();
+    let role = delivery.sender_role;
     match delivery.type_tag {
+        RENEW if role != Role::Controller => {
+            let e = HostError::Forbidden {
+                sender: owner.clone(),
+                role,
+                what: "hold a lease",
+            };
+            tracing::warn!(%owner, %role, error = %e, "renewal refused");
+        }
         RENEW => match delivery.decode::<Renew>() {
             Ok(Renew { lease }) => {
                 if let Err(e) = agent.renew(&owner, lease) {
@@ -398,10 +426,45 @@ fn handle(
             Err(e) => tracing::warn!(%owner, error = %e, "bad {}", Renew::TYPE_NAME),
         },
         REQUEST => {
+            // The id comes first on the wire: a request that does not decode
+            // (or may not be made) is still answered.
+            let id = match &delivery.payload {
+                Payload::Wire(bytes) => postcard::take_from_bytes::<RequestId>(bytes)
+                    .ok()
+                    .map(|(id, _)| id),
+                Payload::Local(_) => None,
+            };
+            let refuse = |owners: &mut Owners, e: HostError| {
+                tracing::warn!(%owner, %role, error = %e, "request refused");
+                if let Some(id) = id {
+                    owners.send(
+                        &owner,
+                        Outgoing::Reply(HostReply {
+                            id,
+                            outcome: Err(e.to_string()),
+                        }),
+                    );
+                }
+            };
+            if role != Role::Controller {
+                let e = HostError::Forbidden {
+                    sender: owner.clone(),
+                    role,
+                    what: "spawn, stop, signal or shut down procs",
+                };
+                refuse(owners, e);
+                return Next::Serve;
+            }
             let request = match delivery.decode::<HostRequest>() {
                 Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(%owner, error = %e, "bad {}", HostRequest::TYPE_NAME);
+                    let e = HostError::Invalid(format!(
+                        "{} does not decode (a lease is at most {:?}, a stop grace at most {:?}): {e}",
+                        HostRequest::TYPE_NAME,
+                        wire::MAX_LEASE,
+                        MAX_STOP_GRACE,
+                    ));
+                    refuse(owners, e);
                     return Next::Serve;
                 }
             };
@@ -595,13 +658,17 @@ async fn forward(endpoint: Endpoint, me: ActorId, to: PortId, mut rx: mpsc::Rece
 /// The main of a host agent process: parses `args` ([`USAGE`]), binds,
 /// prints `regent-host listening on <addr>` on stdout, and serves until
 /// SIGTERM or SIGINT (or idle, with `--idle-exit-ms`), then stops its
-/// procs. Must be called within a tokio runtime.
+/// procs. SIGHUP reloads the agent's credentials from the credentials
+/// directory (see [`regent_net::Endpoint::renew_credentials`]). Must be
+/// called within a tokio runtime.
 pub async fn run_from_args<I, S>(args: I) -> Result<(), HostError>
 where
     I: IntoIterator<Item = S>,
     S: Into<String>,
 {
     let options = HostOptions::from_args(args)?;
+    let credentials = options.credentials.clone();
+    let proc = options.proc_id()?;
     let server = HostServer::bind(options)?;
     println!("regent-host listening on {}", server.addr());
     let io = |source| HostError::Io {
@@ -611,12 +678,30 @@ where
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(io)?;
     let mut int = signal(SignalKind::interrupt()).map_err(io)?;
-    server
+    let mut hup = signal(SignalKind::hangup()).map_err(io)?;
+    let endpoint = server.agent().endpoint().clone();
+    let reload = tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match ProcCredentials::load(&credentials, proc.clone())
+                .and_then(|c| endpoint.renew_credentials(c))
+            {
+                Ok(()) => {
+                    tracing::info!(not_after = ?endpoint.credentials_not_after(), "credentials reloaded");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot reload credentials; keeping the old ones")
+                }
+            }
+        }
+    });
+    let result = server
         .run(async move {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
         })
-        .await
+        .await;
+    reload.abort();
+    result
 }

@@ -11,17 +11,22 @@
 //! | host agent started by Slurm | the port named by `--announce-port` | [`HostHello`] |
 //!
 //! Senders are authenticated by the transport (a delivery's sender proc is
-//! the one named by its certificate from the cluster CA); the host agent
-//! checks in addition that an owner only controls its own procs and that a
-//! [`Ready`] comes from the proc it names. Every list in a message is
-//! bounded ([`MAX_SPAWN_ARGS`], [`MAX_SPAWN_ENV`]) on top of the transport's
-//! frame limit.
+//! the one named by its certificate from the cluster CA, and its role the
+//! one that certificate carries); the host agent takes [`HostRequest`]s and
+//! [`Renew`]s only from [`regent_net::Role::Controller`]s and [`Ready`] only
+//! from [`regent_net::Role::Proc`]s, and checks in addition that an owner
+//! only controls its own procs and that a [`Ready`] comes from the proc it
+//! names. Every list in a message is bounded ([`MAX_SPAWN_ARGS`],
+//! [`MAX_SPAWN_ENV`]) on top of the transport's frame limit, and every
+//! duration at decode ([`MAX_LEASE`], [`MAX_STOP_GRACE`]): a message with a
+//! longer one does not decode.
 
 use std::fmt;
 use std::time::Duration;
 
 use regent_net::{ActorId, Message, PortId, ProcAddr, ProcId};
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::alloc::{ProcBoot, ProcSignal, ProcStatus};
 
@@ -35,6 +40,38 @@ pub const ALLOC_ACTOR: &str = "regent-alloc";
 pub const MAX_SPAWN_ARGS: usize = 1024;
 /// The most environment variables a [`SpawnRequest`] may carry.
 pub const MAX_SPAWN_ENV: usize = 1024;
+/// The longest lease a host agent takes ([`SpawnRequest::lease`],
+/// [`Renew::lease`], and a proc's `owner_lease`): one day. Owners renew
+/// every lease / 3, so longer ones only delay the stop of an abandoned
+/// owner's procs.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+/// The longest grace between SIGTERM and SIGKILL of a stop
+/// ([`HostOp::Stop`], the agent's `lease_stop_grace`): one hour.
+pub const MAX_STOP_GRACE: Duration = Duration::from_secs(3600);
+
+/// Decodes a duration of at most `max`. (postcard drops the message of a
+/// custom error: the agent's refusal names the bounds itself.)
+fn at_most<'de, D: Deserializer<'de>>(
+    d: D,
+    max: Duration,
+    what: &str,
+) -> Result<Duration, D::Error> {
+    let value = Duration::deserialize(d)?;
+    if value > max {
+        return Err(D::Error::custom(format!(
+            "{what} of {value:?} is longer than {max:?}"
+        )));
+    }
+    Ok(value)
+}
+
+fn lease<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    at_most(d, MAX_LEASE, "lease")
+}
+
+fn stop_grace<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    at_most(d, MAX_STOP_GRACE, "stop grace")
+}
 
 /// The actor that holds a host agent's port in proc `host`.
 pub fn host_actor(host: &ProcId) -> ActorId {
@@ -91,10 +128,11 @@ impl fmt::Display for RequestId {
 }
 
 /// A request of an owner to a host agent, answered by a [`HostReply`] with
-/// the same id.
+/// the same id (also when the rest of it does not decode).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HostRequest {
-    /// The request's id (unique per owner actor).
+    /// The request's id (unique per owner actor). First on the wire, so a
+    /// request whose `op` does not decode is still answered.
     pub id: RequestId,
     /// What to do.
     pub op: HostOp,
@@ -116,7 +154,9 @@ pub enum HostOp {
     Stop {
         /// The proc.
         proc: ProcId,
-        /// How long it may take to exit after SIGTERM.
+        /// How long it may take to exit after SIGTERM (at most
+        /// [`MAX_STOP_GRACE`]).
+        #[serde(deserialize_with = "stop_grace")]
         grace: Duration,
     },
     /// Deliver a signal to a proc of this owner; replied with
@@ -150,7 +190,8 @@ pub struct SpawnRequest {
     pub env: Vec<(String, String)>,
     /// The owner's lease: if the host agent hears no [`Renew`] (nor
     /// request) from the owner for this long, it stops all the owner's
-    /// procs.
+    /// procs. At most [`MAX_LEASE`].
+    #[serde(deserialize_with = "lease")]
     pub lease: Duration,
 }
 
@@ -183,7 +224,8 @@ pub enum ReplyOk {
 /// lease / 3; any request renews too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Renew {
-    /// The lease from now on.
+    /// The lease from now on (at most [`MAX_LEASE`]).
+    #[serde(deserialize_with = "lease")]
     pub lease: Duration,
 }
 
@@ -263,6 +305,31 @@ mod tests {
         let set: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(set.len(), names.len());
         assert!(names.iter().all(|n| n.starts_with("regent/host/")));
+    }
+
+    #[test]
+    fn durations_past_their_bound_do_not_decode() {
+        use regent_net::wire::{decode_body, encode_payload};
+        for lease in [MAX_LEASE + Duration::from_nanos(1), Duration::MAX] {
+            let bytes = encode_payload(&Renew { lease }).unwrap();
+            assert!(decode_body::<Renew>(&bytes).is_err(), "{lease:?} decoded");
+        }
+        let bytes = encode_payload(&Renew { lease: MAX_LEASE }).unwrap();
+        assert_eq!(decode_body::<Renew>(&bytes).unwrap().lease, MAX_LEASE);
+        let stop = |grace| HostRequest {
+            id: RequestId(9),
+            op: HostOp::Stop {
+                proc: ProcId::new("p").unwrap(),
+                grace,
+            },
+        };
+        let bytes = encode_payload(&stop(Duration::MAX)).unwrap();
+        assert!(decode_body::<HostRequest>(&bytes).is_err());
+        // The id still reads (the agent answers with it).
+        let (id, _) = postcard::take_from_bytes::<RequestId>(&bytes).unwrap();
+        assert_eq!(id, RequestId(9));
+        let bytes = encode_payload(&stop(MAX_STOP_GRACE)).unwrap();
+        assert!(decode_body::<HostRequest>(&bytes).is_ok());
     }
 
     #[test]

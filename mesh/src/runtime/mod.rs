@@ -103,7 +103,11 @@ impl Runtime {
     /// to talk to host agents provisioned with it).
     pub async fn with_ca(config: RuntimeConfig, ca: ClusterCa) -> Result<Self, MeshError> {
         let me = ProcId::new(&config.name)?;
-        let credentials = ca.issue(&me)?;
+        let credentials = ca.issue(
+            &me,
+            regent_net::Role::Controller,
+            regent_net::Validity::job(),
+        )?;
         let endpoint = Endpoint::bind(credentials, config.bind, config.endpoint.clone())?;
         let actor = ActorId {
             proc: me,
@@ -250,7 +254,11 @@ impl Runtime {
         let mut boots = Vec::with_capacity(placements.len());
         for (i, placement) in placements.into_iter().enumerate() {
             let proc = ProcId::new(&format!("p{batch}-{i}"))?;
-            let (cert_pem, key_pem, ca_pem) = self.inner.ca.issue(&proc)?.to_pem();
+            let (cert_pem, key_pem, ca_pem) = self
+                .inner
+                .ca
+                .issue(&proc, regent_net::Role::Proc, regent_net::Validity::job())?
+                .to_pem();
             boots.push(ProcBoot {
                 proc,
                 ca_pem,

@@ -102,9 +102,18 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         (20_000, 200_000, 2_000)
     };
     let ca = ClusterCa::generate("regent bench")?;
-    let client_creds = ca.issue(&pid(CLIENT)?)?;
+    let client_creds = ca.issue(
+        &pid(CLIENT)?,
+        regent_net::Role::Proc,
+        regent_net::Validity::job(),
+    )?;
     let (_peer, ready) = Peer::start("net", "bench-peer", DEADLINE, |dir| {
-        ca.issue(&pid(SERVER)?)?.save(dir)?;
+        ca.issue(
+            &pid(SERVER)?,
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )?
+        .save(dir)?;
         Ok(())
     })
     .await?;

@@ -90,9 +90,18 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         &[MIB, 64 * MIB, 1 << 30]
     };
     let ca = ClusterCa::generate("regent bench")?;
-    let reader_creds = ca.issue(&ProcId::new(READER)?)?;
+    let reader_creds = ca.issue(
+        &ProcId::new(READER)?,
+        regent_net::Role::Proc,
+        regent_net::Validity::job(),
+    )?;
     let (mut peer, ready) = Peer::start("rdma", "bench-rdma-peer", DEADLINE, |dir| {
-        ca.issue(&ProcId::new(OWNER)?)?.save(dir)?;
+        ca.issue(
+            &ProcId::new(OWNER)?,
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )?
+        .save(dir)?;
         Ok(())
     })
     .await?;

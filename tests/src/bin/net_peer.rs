@@ -8,8 +8,10 @@
 //!
 //! Standard output also carries `READY <addr> <incarnation>` once bound and
 //! `EVENT ...` for every transport event. Standard input takes commands:
-//! `route <addr>` and `send <port> <stream> <first n> <count> <pad bytes>`
-//! (answered with `SENT <stream> <count>` or `SENDERR <failure>`).
+//! `route <addr>`, `send <port> <stream> <first n> <count> <pad bytes>`
+//! (answered with `SENT <stream> <count>` or `SENDERR <failure>`) and
+//! `stats` (answered with `STATS <handshakes in flight> <pending> <retried>
+//! <refused>`).
 //!
 //! Arguments: `--proc NAME --cert FILE --key FILE --ca FILE [--bind ADDR]
 //! [--unchecked] [--failure-timeout-ms N] [--reconnect-timeout-ms N]
@@ -144,6 +146,13 @@ async fn run(
                     None => println!("SENT {stream} {count}"),
                     Some(f) => println!("SENDERR {f}"),
                 }
+            }
+            ["stats"] => {
+                let s = endpoint.handshake_stats();
+                println!(
+                    "STATS {} {} {} {}",
+                    s.in_flight, s.pending, s.retried, s.refused
+                );
             }
             _ => println!("BADCMD {line}"),
         }
