@@ -15,13 +15,16 @@
 //! checks in addition that an owner only controls its own procs and that a
 //! [`Ready`] comes from the proc it names. Every list in a message is
 //! bounded ([`MAX_SPAWN_ARGS`], [`MAX_SPAWN_ENV`]) on top of the transport's
-//! frame limit.
+//! frame limit, and every duration (a lease, a stop grace, the proc's owner
+//! lease in a boot) by [`MAX_WIRE_DURATION`]: decoding refuses a longer one,
+//! since the agent and the proc turn them into deadlines from now, and
+//! `Instant + Duration` panics where the sum does not exist.
 
 use std::fmt;
 use std::time::Duration;
 
 use regent_net::{ActorId, Message, PortId, ProcAddr, ProcId};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::alloc::{ProcBoot, ProcSignal, ProcStatus};
 
@@ -35,6 +38,33 @@ pub const ALLOC_ACTOR: &str = "regent-alloc";
 pub const MAX_SPAWN_ARGS: usize = 1024;
 /// The most environment variables a [`SpawnRequest`] may carry.
 pub const MAX_SPAWN_ENV: usize = 1024;
+/// The longest duration a message may carry (365 days): a deadline that far
+/// from now always exists.
+pub const MAX_WIRE_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// Decodes a duration, refusing one over [`MAX_WIRE_DURATION`].
+fn bounded_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let duration = Duration::deserialize(d)?;
+    check_duration(duration).map_err(serde::de::Error::custom)?;
+    Ok(duration)
+}
+
+/// Decodes a boot, refusing an owner lease over [`MAX_WIRE_DURATION`].
+fn bounded_boot<'de, D: Deserializer<'de>>(d: D) -> Result<ProcBoot, D::Error> {
+    let boot = ProcBoot::deserialize(d)?;
+    check_duration(boot.owner_lease)
+        .map_err(|e| serde::de::Error::custom(format!("owner lease: {e}")))?;
+    Ok(boot)
+}
+
+fn check_duration(duration: Duration) -> Result<(), String> {
+    if duration > MAX_WIRE_DURATION {
+        return Err(format!(
+            "duration of {duration:?} exceeds {MAX_WIRE_DURATION:?}"
+        ));
+    }
+    Ok(())
+}
 
 /// The actor that holds a host agent's port in proc `host`.
 pub fn host_actor(host: &ProcId) -> ActorId {
@@ -116,7 +146,9 @@ pub enum HostOp {
     Stop {
         /// The proc.
         proc: ProcId,
-        /// How long it may take to exit after SIGTERM.
+        /// How long it may take to exit after SIGTERM (at most
+        /// [`MAX_WIRE_DURATION`]).
+        #[serde(deserialize_with = "bounded_duration")]
         grace: Duration,
     },
     /// Deliver a signal to a proc of this owner; replied with
@@ -137,7 +169,9 @@ pub enum HostOp {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SpawnRequest {
     /// The proc's boot (holds its private key; written to its stdin only).
-    /// `boot.owner.proc` must be the requesting proc.
+    /// `boot.owner.proc` must be the requesting proc; `boot.owner_lease` is
+    /// at most [`MAX_WIRE_DURATION`].
+    #[serde(deserialize_with = "bounded_boot")]
     pub boot: ProcBoot,
     /// The program to run (a path on the host); `None` runs the host
     /// agent's default program.
@@ -150,7 +184,8 @@ pub struct SpawnRequest {
     pub env: Vec<(String, String)>,
     /// The owner's lease: if the host agent hears no [`Renew`] (nor
     /// request) from the owner for this long, it stops all the owner's
-    /// procs.
+    /// procs. At most [`MAX_WIRE_DURATION`].
+    #[serde(deserialize_with = "bounded_duration")]
     pub lease: Duration,
 }
 
@@ -183,7 +218,8 @@ pub enum ReplyOk {
 /// lease / 3; any request renews too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Renew {
-    /// The lease from now on.
+    /// The lease from now on (at most [`MAX_WIRE_DURATION`]).
+    #[serde(deserialize_with = "bounded_duration")]
     pub lease: Duration,
 }
 
@@ -263,6 +299,73 @@ mod tests {
         let set: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(set.len(), names.len());
         assert!(names.iter().all(|n| n.starts_with("regent/host/")));
+    }
+
+    #[test]
+    fn durations_over_the_bound_are_refused_on_decode() {
+        use regent_net::wire::{decode_body, encode_payload};
+        let over = MAX_WIRE_DURATION + Duration::from_nanos(1);
+        // A deadline MAX_WIRE_DURATION from now exists.
+        assert!(
+            std::time::Instant::now()
+                .checked_add(MAX_WIRE_DURATION)
+                .is_some()
+        );
+
+        let renew = |lease| encode_payload(&Renew { lease }).unwrap();
+        assert!(decode_body::<Renew>(&renew(MAX_WIRE_DURATION)).is_ok());
+        for lease in [over, Duration::MAX] {
+            assert!(decode_body::<Renew>(&renew(lease)).is_err(), "{lease:?}");
+        }
+        // postcard drops the message of a refusal; a self-describing
+        // format shows it.
+        let json = serde_json::to_string(&Renew { lease: over }).unwrap();
+        let e = serde_json::from_str::<Renew>(&json).unwrap_err();
+        assert!(e.to_string().contains("exceeds"), "{e}");
+
+        let proc = ProcId::new("p-1").unwrap();
+        let stop = |grace| {
+            encode_payload(&HostRequest {
+                id: RequestId(1),
+                op: HostOp::Stop {
+                    proc: proc.clone(),
+                    grace,
+                },
+            })
+            .unwrap()
+        };
+        assert!(decode_body::<HostRequest>(&stop(MAX_WIRE_DURATION)).is_ok());
+        assert!(decode_body::<HostRequest>(&stop(over)).is_err());
+
+        let owner: ProcAddr = "quic://127.0.0.1:1/owner".parse().unwrap();
+        let spawn = |lease, owner_lease| {
+            let boot = ProcBoot {
+                proc: proc.clone(),
+                ca_pem: String::new(),
+                cert_pem: String::new(),
+                key_pem: String::new(),
+                bind: "127.0.0.1:0".parse().unwrap(),
+                parent: owner.clone(),
+                owner: owner.clone(),
+                owner_lease,
+            };
+            let op = HostOp::Spawn(Box::new(SpawnRequest {
+                boot,
+                program: None,
+                args: vec![],
+                env: vec![],
+                lease,
+            }));
+            encode_payload(&HostRequest {
+                id: RequestId(2),
+                op,
+            })
+            .unwrap()
+        };
+        let max = MAX_WIRE_DURATION;
+        assert!(decode_body::<HostRequest>(&spawn(max, max)).is_ok());
+        assert!(decode_body::<HostRequest>(&spawn(over, max)).is_err());
+        assert!(decode_body::<HostRequest>(&spawn(max, over)).is_err());
     }
 
     #[test]
