@@ -369,6 +369,21 @@ fn mesh(out: &mut Seeds) {
             )),
         ),
         ("child-info", ProcCommand::ChildInfo { info: mesh_info(0) }),
+        (
+            // Nearly the largest mesh (two procs of u32::MAX / 2 members):
+            // values at the bounds, for mutations to push past them.
+            "child-info-largest",
+            ProcCommand::ChildInfo {
+                info: MeshInfo {
+                    shape: Shape::new([("hosts", 2), ("actors", (u32::MAX / 2) as usize)])
+                        .expect("a valid shape"),
+                    per_proc: u32::MAX / 2,
+                    fanout: NonZeroU32::MAX,
+                    generation: Generation(u64::MAX),
+                    ..mesh_info(0)
+                },
+            },
+        ),
         ("child-gone", ProcCommand::ChildGone { mesh: MeshId(4) }),
         ("renew", ProcCommand::Renew),
         ("exit", ProcCommand::Exit),
@@ -677,8 +692,19 @@ fn rdma(out: &mut Seeds) {
         ("shm", base(shm.clone(), null.clone(), null.clone())),
         ("tcp6", base(null.clone(), tcp6, null.clone())),
         ("tcp-verbs", base(null.clone(), tcp4.clone(), verbs.clone())),
-        ("all", base(shm, tcp4, verbs)),
+        ("all", base(shm, tcp4.clone(), verbs)),
     ];
+    // A handle at the bounds (the largest buffer, pid and fd; a verbs
+    // region ending at the top of the address space), for mutations to push
+    // past them.
+    let mut largest = base(
+        serde_json::json!({"pid": 1 << 22, "fd": 1 << 24}),
+        tcp4,
+        serde_json::json!({"addr": u64::MAX - (1u64 << 40), "rkey": u32::MAX}),
+    );
+    largest["len_bytes"] = (1u64 << 40).into();
+    largest["id"] = u64::MAX.into();
+    let handles = handles.into_iter().chain([("largest", largest)]);
     let mut seeds = Vec::new();
     for (name, fields) in handles {
         let h = handle(fields);
