@@ -568,6 +568,44 @@ impl Message for SpawnChild {
     const TYPE_NAME: &'static str = "regent/mesh/SpawnChild";
 }
 
+/// Decodes a [`ProcCommand`] as a proc's command port does and checks what
+/// the proc checks before acting on it; `None` where it would refuse it.
+/// The fuzzing entry point (`fuzz/fuzz_targets/mesh_protocol.rs`), not API.
+#[doc(hidden)]
+pub fn fuzz_decode_command(bytes: &[u8]) -> Option<ProcCommand> {
+    let command: ProcCommand = regent_net::wire::decode_body(bytes).ok()?;
+    if let ProcCommand::Spawn { info, .. }
+    | ProcCommand::Respawn { info, .. }
+    | ProcCommand::Update { info, .. }
+    | ProcCommand::ChildInfo { info } = &command
+    {
+        info.validate().ok()?;
+    }
+    Some(command)
+}
+
+/// Decodes and checks a [`ProcReply`], like [`fuzz_decode_command`].
+#[doc(hidden)]
+pub fn fuzz_decode_reply(bytes: &[u8]) -> Option<ProcReply> {
+    let reply: ProcReply = regent_net::wire::decode_body(bytes).ok()?;
+    if let ReplyBody::ChildSpawned(Ok(info)) = &reply.body {
+        info.validate().ok()?;
+    }
+    Some(reply)
+}
+
+/// Decodes and checks a [`MemberExited`], like [`fuzz_decode_command`].
+#[doc(hidden)]
+pub fn fuzz_decode_member_exited(bytes: &[u8]) -> Option<MemberExited> {
+    regent_net::wire::decode_body(bytes).ok()
+}
+
+/// Decodes and checks a [`SpawnChild`], like [`fuzz_decode_command`].
+#[doc(hidden)]
+pub fn fuzz_decode_spawn_child(bytes: &[u8]) -> Option<SpawnChild> {
+    regent_net::wire::decode_body(bytes).ok()
+}
+
 /// Names of the well-known actors of a proc.
 pub mod names {
     /// The proc runtime's actor: port 0 takes [`super::ProcCommand`]s, port 1

@@ -83,6 +83,9 @@ pub use handle::{
 pub use manager::{Batch, BufferManager, LocalBuffer, MAX_BATCH_CONCURRENCY, MAX_BATCH_OPS, Op};
 pub use memory::{MEMFD_NAME_PREFIX, Memory};
 pub use verbs::available as ibverbs_available;
+// The fuzzing entry points of the tcp backend's headers (fuzz/), not API.
+#[doc(hidden)]
+pub use tcp::wire::{fuzz_request as fuzz_tcp_request, fuzz_response as fuzz_tcp_response};
 
 #[cfg(test)]
 mod tests;

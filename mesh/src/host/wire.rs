@@ -48,6 +48,10 @@ pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 /// The longest grace between SIGTERM and SIGKILL of a stop
 /// ([`HostOp::Stop`], the agent's `lease_stop_grace`): one hour.
 pub const MAX_STOP_GRACE: Duration = Duration::from_secs(3600);
+/// The longest duration any message may carry (the longer of
+/// [`MAX_LEASE`] and [`MAX_STOP_GRACE`]): a deadline that far from now
+/// always exists.
+pub const MAX_WIRE_DURATION: Duration = MAX_LEASE;
 
 /// Decodes a duration of at most `max`. (postcard drops the message of a
 /// custom error: the agent's refusal names the bounds itself.)

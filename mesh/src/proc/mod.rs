@@ -37,6 +37,8 @@ pub(crate) const MEMBER_SHUTDOWN: Duration = Duration::from_secs(5);
 /// How long a killed member may take to end before the proc gives up on it
 /// (it is stuck in code that never yields) and exits.
 pub(crate) const KILL_WAIT: Duration = Duration::from_secs(1);
+/// The longest owner lease a proc takes (longer ones are cut to it).
+pub const MAX_OWNER_LEASE: Duration = Duration::from_secs(24 * 3600);
 /// How long members' own requests and casts wait by default.
 const MEMBER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -470,6 +472,9 @@ where
         owner_lease,
         buffers,
     } = setup;
+    // A lease from the boot is bounded (the host agent caps it too): the
+    // deadline arithmetic below never overflows.
+    let owner_lease = owner_lease.min(MAX_OWNER_LEASE);
     let me = proc_actor(&endpoint)?;
     let mut commands = endpoint.open_port(me.port(names::COMMAND_PORT))?;
     let mut replies = endpoint.open_port(me.port(names::REPLY_PORT))?;
@@ -509,6 +514,9 @@ where
             break ProcExit::EndpointClosed;
         };
         let sender = delivery.sender.proc.clone();
+        // The owner is the controller named in the boot, with a controller's
+        // certificate: a proc's certificate never commands a proc.
+        let from_owner = sender == owner && delivery.sender_role == regent_net::Role::Controller;
         let cmd = match delivery.decode::<ProcCommand>() {
             Ok(c) => c,
             Err(e) => {
@@ -516,7 +524,6 @@ where
                 continue;
             }
         };
-        let from_owner = sender == owner;
         if from_owner {
             // Any command from the owner shows it is alive.
             lease = tokio::time::Instant::now() + owner_lease;

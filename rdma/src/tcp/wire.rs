@@ -135,6 +135,20 @@ impl Response {
     }
 }
 
+/// Decodes a request header as the tcp server does and encodes what it
+/// accepts back; `None` where it refuses the header. The fuzzing entry point
+/// (`fuzz/fuzz_targets/rdma_tcp_headers.rs`, through the crate root), not API.
+#[doc(hidden)]
+pub fn fuzz_request(header: &[u8; REQUEST_BYTES]) -> Option<[u8; REQUEST_BYTES]> {
+    Request::decode(header).ok().map(|r| r.encode())
+}
+
+/// Decodes a response header as a tcp client does, like [`fuzz_request`].
+#[doc(hidden)]
+pub fn fuzz_response(header: &[u8; RESPONSE_BYTES]) -> Option<[u8; RESPONSE_BYTES]> {
+    Response::decode(header).ok().map(|r| r.encode())
+}
+
 /// Compares tokens in time independent of where they differ.
 pub(crate) fn token_eq(a: &Token, b: &Token) -> bool {
     a.0.iter()
