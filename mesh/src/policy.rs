@@ -158,6 +158,40 @@ impl From<PolicyWire> for MeshPolicy {
     }
 }
 
+/// The deepest chain of escalations a message may carry: a deeper one does
+/// not decode (decoding recurses once per level; an unbounded chain would
+/// overflow the decoder's stack).
+pub const MAX_ESCALATION_DEPTH: u32 = 64;
+
+thread_local! {
+    static ESCALATION_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Decodes one level of an escalation chain, refusing to go deeper than
+/// [`MAX_ESCALATION_DEPTH`].
+fn bounded_escalation<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Box<MeshFailure>, D::Error> {
+    struct Level;
+    impl Drop for Level {
+        fn drop(&mut self) {
+            ESCALATION_DEPTH.with(|c| c.set(c.get().saturating_sub(1)));
+        }
+    }
+    let depth = ESCALATION_DEPTH.with(|c| {
+        let d = c.get() + 1;
+        c.set(d);
+        d
+    });
+    let _level = Level;
+    if depth > MAX_ESCALATION_DEPTH {
+        return Err(serde::de::Error::custom(format!(
+            "an escalation chain deeper than {MAX_ESCALATION_DEPTH}"
+        )));
+    }
+    MeshFailure::deserialize(d).map(Box::new)
+}
+
 /// Why members failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FailureCause {
@@ -194,8 +228,9 @@ pub enum FailureCause {
         /// What the control plane saw.
         detail: String,
     },
-    /// A mesh this mesh's member owns escalated.
-    Escalated(Box<MeshFailure>),
+    /// A mesh this mesh's member owns escalated (at most
+    /// [`MAX_ESCALATION_DEPTH`] levels deep on the wire).
+    Escalated(#[serde(deserialize_with = "bounded_escalation")] Box<MeshFailure>),
     /// The mesh's supervisor itself failed (it panicked, or its queue
     /// overflowed): the mesh is stopped.
     Supervisor(String),

@@ -574,12 +574,11 @@ impl Message for SpawnChild {
 #[doc(hidden)]
 pub fn fuzz_decode_command(bytes: &[u8]) -> Option<ProcCommand> {
     let command: ProcCommand = regent_net::wire::decode_body(bytes).ok()?;
-    if let ProcCommand::Spawn { info, .. }
-    | ProcCommand::Respawn { info, .. }
-    | ProcCommand::Update { info, .. }
-    | ProcCommand::ChildInfo { info } = &command
-    {
-        info.validate().ok()?;
+    command.validate().ok()?;
+    if let ProcCommand::Cast(frame) = &command {
+        // What a proc hosting the mesh checks next, against a mesh that
+        // fits the frame's own claims.
+        let _ = frame.selection.bind(&frame.view, frame.seed);
     }
     Some(command)
 }
@@ -633,13 +632,4 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Bytes, String> {
 /// Decodes a value from the wire.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     postcard::from_bytes(bytes).map_err(|e| e.to_string())
-}
-
-/// Decodes and checks a command as a proc receives it (the fuzz targets'
-/// entry point).
-#[doc(hidden)]
-pub fn decode_command(bytes: &[u8]) -> Result<ProcCommand, String> {
-    let cmd: ProcCommand = decode(bytes)?;
-    cmd.validate()?;
-    Ok(cmd)
 }

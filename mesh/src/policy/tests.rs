@@ -411,3 +411,37 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_escalation_chain_deeper_than_the_bound_does_not_decode_and_does_not_overflow() {
+    fn chain(depth: u32) -> MeshFailure {
+        let mut f = MeshFailure {
+            mesh: "m".into(),
+            ranks: vec![Rank(0)],
+            cause: boom(),
+            generation: Generation(0),
+        };
+        for _ in 0..depth {
+            let inner = f.clone();
+            f.cause = FailureCause::Escalated(Box::new(inner));
+        }
+        f
+    }
+    let ok = postcard::to_allocvec(&chain(MAX_ESCALATION_DEPTH)).unwrap();
+    assert_eq!(
+        postcard::from_bytes::<MeshFailure>(&ok).unwrap(),
+        chain(MAX_ESCALATION_DEPTH)
+    );
+    let deep = postcard::to_allocvec(&chain(MAX_ESCALATION_DEPTH + 1)).unwrap();
+    assert!(postcard::from_bytes::<MeshFailure>(&deep).is_err());
+    // The fuzzer's input: 5000 levels in 20 kB, on a small stack.
+    let mut bytes = vec![1u8, b'm', 1, 0, 6];
+    for _ in 0..5000 {
+        bytes.extend([1, b'm', 1, 0, 6]);
+    }
+    let t = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || postcard::from_bytes::<MeshFailure>(&bytes).is_err())
+        .unwrap();
+    assert!(t.join().unwrap(), "a 5000-level chain decoded");
+}
