@@ -22,17 +22,21 @@
 //!
 //! Once the proc runtime has opened its ports, it calls
 //! [`ProcStart::report_ready`], which sends [`Ready`] (the proc's address
-//! and pid) to the host agent's port ([`crate::host::wire::host_port`]).
+//! and pid) to the host agent's port ([`host_port`]).
 
 use std::fmt;
 
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use regent_net::{Endpoint, EndpointConfig, Generation, ProcCredentials, SendFailure};
-use tokio::io::{AsyncRead, AsyncReadExt as _};
+use std::net::SocketAddr;
+use std::time::Duration;
 
-use crate::alloc::ProcBoot;
-use crate::host::wire::{Ready, host_port, proc_actor};
+use regent_net::{
+    ActorId, Endpoint, EndpointConfig, Generation, Message, PortId, ProcAddr, ProcCredentials,
+    ProcId, SendFailure,
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt as _};
 
 /// The environment variable that names a process's role.
 pub const ROLE_ENV: &str = "REGENT_ROLE";
@@ -77,6 +81,128 @@ impl fmt::Display for Role {
             Self::Proc => ROLE_PROC,
         })
     }
+}
+
+/// The actor name of a host agent's port (index 0, port 0).
+pub const HOST_ACTOR: &str = "regent-host";
+/// The actor name a proc sends its [`Ready`] from (index 0).
+pub const PROC_ACTOR: &str = "regent-proc";
+
+/// The actor that holds a host agent's port in proc `host`.
+pub fn host_actor(host: &ProcId) -> ActorId {
+    // Invariant: HOST_ACTOR is a valid actor name (checked by a unit test).
+    host.actor(HOST_ACTOR, 0)
+        .expect("HOST_ACTOR is a valid actor name")
+}
+
+/// The port of the host agent in proc `host`: procs report [`Ready`] there,
+/// owners send host requests and renewals there.
+pub fn host_port(host: &ProcId) -> PortId {
+    host_actor(host).port(0)
+}
+
+/// The actor a proc sends its [`Ready`] from.
+pub fn proc_actor(proc: &ProcId) -> ActorId {
+    // Invariant: PROC_ACTOR is a valid actor name (checked by a unit test).
+    proc.actor(PROC_ACTOR, 0)
+        .expect("PROC_ACTOR is a valid actor name")
+}
+
+/// Tells the host agent that a proc is up: its endpoint is bound and its
+/// runtime serves. Sent once by the proc (see
+/// [`crate::boot::ProcStart::report_ready`]) to its parent's [`host_port`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    /// The proc's endpoint.
+    pub addr: ProcAddr,
+    /// Its OS process id (checked against the spawned child's).
+    pub pid: u32,
+}
+
+impl Message for Ready {
+    const TYPE_NAME: &'static str = "regent/host/Ready";
+}
+
+/// Everything a proc needs to start, from its host agent over stdin. Holds a
+/// private key: its `Debug` shows no secret, and it is never logged.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct ProcBoot {
+    /// The proc's identity (named by its certificate).
+    pub proc: ProcId,
+    /// The cluster CA certificate (PEM).
+    pub ca_pem: String,
+    /// The proc's certificate chain (PEM).
+    pub cert_pem: String,
+    /// The proc's private key (PEM). Secret.
+    pub key_pem: String,
+    /// Where to bind the proc's QUIC endpoint (port 0 for any).
+    pub bind: SocketAddr,
+    /// The endpoint the proc reports readiness to (its host agent), and
+    /// whose control messages it accepts.
+    pub parent: ProcAddr,
+    /// The controller that owns this proc and the meshes on it.
+    pub owner: ProcAddr,
+    /// How long the proc keeps running without hearing from its owner
+    /// before it stops itself.
+    pub owner_lease: Duration,
+    /// The control plane's settings (the owner's: both sides agree on frame
+    /// sizes and timeouts).
+    #[serde(default)]
+    pub endpoint: regent_net::EndpointConfig,
+    /// What this proc rank gets beyond what every proc gets.
+    #[serde(default)]
+    pub placement: Placement,
+}
+
+/// Where a proc rank runs beyond what all procs share: its own environment
+/// and arguments (e.g. the device it owns). A replacement proc of the rank
+/// gets the same.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Environment variables, set after the allocator's own.
+    pub env: Vec<(String, String)>,
+    /// Arguments, after the allocator's own.
+    pub args: Vec<String>,
+}
+
+impl Placement {
+    /// Adds an environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Adds an argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+}
+
+impl fmt::Debug for ProcBoot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcBoot")
+            .field("proc", &self.proc)
+            .field("bind", &self.bind)
+            .field("parent", &self.parent)
+            .field("owner", &self.owner)
+            .field("owner_lease", &self.owner_lease)
+            .field("placement", &self.placement)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A signal an allocator can deliver to a proc (for chaos tests and stops).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProcSignal {
+    /// SIGTERM.
+    Term,
+    /// SIGKILL.
+    Kill,
+    /// SIGSTOP.
+    Stop,
+    /// SIGCONT.
+    Cont,
 }
 
 /// This process's role, or an error for a value of [`ROLE_ENV`] that names
@@ -313,7 +439,7 @@ mod tests {
             owner: "quic://127.0.0.1:2/ctl".parse::<ProcAddr>().unwrap(),
             owner_lease: Duration::from_secs(3),
             endpoint: regent_net::EndpointConfig::default(),
-            placement: crate::alloc::Placement::default(),
+            placement: Placement::default(),
         }
     }
 

@@ -4,7 +4,7 @@
 //!
 //! - [`HostAgent`] ([`agent`]) is the logic, usable in any process with an
 //!   endpoint: the controller runs one in-process for
-//!   [`crate::alloc::LocalAllocator`].
+//!   `LocalAllocator`.
 //! - [`HostServer`] ([`server`]) is the `regent host` process: a
 //!   [`HostAgent`] on its own endpoint that serves owners' requests over QUIC
 //!   (mutual TLS: only a certificate of the cluster CA with the

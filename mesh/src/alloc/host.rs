@@ -438,11 +438,16 @@ impl HostAllocator {
                     return Err(e);
                 }
             }
+            // The rank's own placement after what every proc gets.
+            let mut args = self.config.args.clone();
+            args.extend(boot.placement.args.iter().cloned());
+            let mut env = self.config.env.clone();
+            env.extend(boot.placement.env.iter().cloned());
             let request = SpawnRequest {
                 boot,
                 program: self.config.program.clone(),
-                args: self.config.args.clone(),
-                env: self.config.env.clone(),
+                args,
+                env,
                 lease: self.config.lease,
             };
             spawns.push(async move {

@@ -22,81 +22,10 @@ pub use host::{HostAllocator, HostAllocatorConfig, HostInfo};
 pub use local::{LOCAL_HOST, LocalAllocator, LocalConfig};
 pub use slurm::{SlurmAllocator, SlurmConfig, in_allocation};
 
-use std::fmt;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use regent_net::{ProcAddr, ProcId};
 use serde::{Deserialize, Serialize};
-
-/// Everything a proc needs to start, from its host agent over stdin. Holds a
-/// private key: its `Debug` shows no secret, and it is never logged.
-#[derive(Clone, Serialize, Deserialize)]
-pub struct ProcBoot {
-    /// The proc's identity (named by its certificate).
-    pub proc: ProcId,
-    /// The cluster CA certificate (PEM).
-    pub ca_pem: String,
-    /// The proc's certificate chain (PEM).
-    pub cert_pem: String,
-    /// The proc's private key (PEM). Secret.
-    pub key_pem: String,
-    /// Where to bind the proc's QUIC endpoint (port 0 for any).
-    pub bind: SocketAddr,
-    /// The endpoint the proc reports readiness to (its host agent), and
-    /// whose control messages it accepts.
-    pub parent: ProcAddr,
-    /// The controller that owns this proc and the meshes on it.
-    pub owner: ProcAddr,
-    /// How long the proc keeps running without hearing from its owner
-    /// before it stops itself.
-    pub owner_lease: Duration,
-    /// The control plane's settings (the owner's: both sides agree on frame
-    /// sizes and timeouts).
-    #[serde(default)]
-    pub endpoint: regent_net::EndpointConfig,
-    /// What this proc rank gets beyond what every proc gets.
-    #[serde(default)]
-    pub placement: Placement,
-}
-
-/// Where a proc rank runs beyond what all procs share: its own environment
-/// and arguments (e.g. the device it owns). A replacement proc of the rank
-/// gets the same.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Placement {
-    /// Environment variables, set after the allocator's own.
-    pub env: Vec<(String, String)>,
-    /// Arguments, after the allocator's own.
-    pub args: Vec<String>,
-}
-
-impl Placement {
-    /// Adds an environment variable.
-    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-
-    /// Adds an argument.
-    pub fn arg(mut self, arg: impl Into<String>) -> Self {
-        self.args.push(arg.into());
-        self
-    }
-}
-
-impl fmt::Debug for ProcBoot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ProcBoot")
-            .field("proc", &self.proc)
-            .field("bind", &self.bind)
-            .field("parent", &self.parent)
-            .field("owner", &self.owner)
-            .field("owner_lease", &self.owner_lease)
-            .field("placement", &self.placement)
-            .finish_non_exhaustive()
-    }
-}
 
 /// A proc an allocator started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +40,7 @@ pub struct AllocatedProc {
     pub pid: u32,
 }
 
+pub use crate::boot::{Placement, ProcBoot, ProcSignal};
 pub use crate::policy::ProcStatus;
 
 /// What an allocator reports about its procs after starting them.
@@ -184,19 +114,6 @@ pub enum AllocError {
     /// A control-plane error.
     #[error(transparent)]
     Net(#[from] regent_net::Error),
-}
-
-/// A signal an allocator can deliver to a proc (for chaos tests and stops).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ProcSignal {
-    /// SIGTERM.
-    Term,
-    /// SIGKILL.
-    Kill,
-    /// SIGSTOP.
-    Stop,
-    /// SIGCONT.
-    Cont,
 }
 
 /// A future returned by an [`Allocator`].

@@ -2,7 +2,7 @@
 //! exit at once, stops and signals them, and enforces owners' leases.
 //!
 //! The same [`HostAgent`] runs inside the controller (for
-//! [`crate::alloc::LocalAllocator`], on the controller's own endpoint) and
+//! `LocalAllocator`, on the controller's own endpoint) and
 //! inside `regent host` ([`crate::host::HostServer`], on the host agent's
 //! endpoint, taking requests from owners over QUIC).
 //!
@@ -36,10 +36,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::alloc::{ProcBoot, ProcSignal, ProcStatus};
 use crate::boot::{self, PARENT_PID_ENV, ROLE_ENV, ROLE_PROC};
+use crate::boot::{ProcBoot, ProcSignal};
 use crate::host::HostError;
 use crate::host::wire::{self, MAX_LEASE, MAX_SPAWN_ARGS, MAX_SPAWN_ENV, MAX_STOP_GRACE, Ready};
+use crate::policy::ProcStatus;
 
 /// Configuration of a host agent, with documented defaults. Fields are
 /// public; the same-named methods set them builder-style.

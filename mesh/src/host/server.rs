@@ -2,7 +2,7 @@
 //! requests over QUIC with mutual TLS and pushing events back to them.
 //!
 //! Started by hand (`regent host --credentials DIR --listen ADDR`), or by
-//! [`crate::alloc::SlurmAllocator`] through `srun` (then it announces itself
+//! `SlurmAllocator` through `srun` (then it announces itself
 //! to its controller with [`HostHello`] and exits once idle). A user binary
 //! can serve as its own host agent: when [`crate::boot::role`] is
 //! [`crate::boot::Role::Host`], call [`run_from_args`] with its arguments.

@@ -24,16 +24,15 @@
 use std::fmt;
 use std::time::Duration;
 
-use regent_net::{ActorId, Message, PortId, ProcAddr, ProcId};
+use regent_net::{ActorId, Message, ProcAddr, ProcId};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::alloc::{ProcBoot, ProcSignal, ProcStatus};
+use crate::boot::{ProcBoot, ProcSignal};
+use crate::policy::ProcStatus;
 
-/// The actor name of a host agent's port (index 0, port 0).
-pub const HOST_ACTOR: &str = "regent-host";
-/// The actor name a proc sends its [`Ready`] from (index 0).
-pub const PROC_ACTOR: &str = "regent-proc";
+pub use crate::boot::{HOST_ACTOR, PROC_ACTOR, Ready, host_actor, host_port, proc_actor};
+
 /// The actor name of an allocator on its owner's endpoint (index `k`).
 pub const ALLOC_ACTOR: &str = "regent-alloc";
 /// The most arguments a [`SpawnRequest`] may carry.
@@ -77,26 +76,6 @@ fn stop_grace<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     at_most(d, MAX_STOP_GRACE, "stop grace")
 }
 
-/// The actor that holds a host agent's port in proc `host`.
-pub fn host_actor(host: &ProcId) -> ActorId {
-    // Invariant: HOST_ACTOR is a valid actor name (checked by a unit test).
-    host.actor(HOST_ACTOR, 0)
-        .expect("HOST_ACTOR is a valid actor name")
-}
-
-/// The port of the host agent in proc `host`: procs report [`Ready`] there,
-/// owners send [`HostRequest`]s and [`Renew`]s there.
-pub fn host_port(host: &ProcId) -> PortId {
-    host_actor(host).port(0)
-}
-
-/// The actor a proc sends its [`Ready`] from.
-pub fn proc_actor(proc: &ProcId) -> ActorId {
-    // Invariant: PROC_ACTOR is a valid actor name (checked by a unit test).
-    proc.actor(PROC_ACTOR, 0)
-        .expect("PROC_ACTOR is a valid actor name")
-}
-
 /// The actor of the `index`th allocator on `owner`'s endpoint; its port 0
 /// receives the host agents' replies and events.
 pub fn alloc_actor(owner: &ProcId, index: u32) -> ActorId {
@@ -104,21 +83,6 @@ pub fn alloc_actor(owner: &ProcId, index: u32) -> ActorId {
     owner
         .actor(ALLOC_ACTOR, index)
         .expect("ALLOC_ACTOR is a valid actor name")
-}
-
-/// Tells the host agent that a proc is up: its endpoint is bound and its
-/// runtime serves. Sent once by the proc (see
-/// [`crate::boot::ProcStart::report_ready`]) to its parent's [`host_port`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ready {
-    /// The proc's endpoint.
-    pub addr: ProcAddr,
-    /// Its OS process id (checked against the spawned child's).
-    pub pid: u32,
-}
-
-impl Message for Ready {
-    const TYPE_NAME: &'static str = "regent/host/Ready";
 }
 
 /// Names a request of one owner, echoed in its [`HostReply`].
