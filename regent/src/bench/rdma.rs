@@ -7,7 +7,11 @@
 //!   of this process (`memcpy_<size>`);
 //! - `tcp_{read,write}_<size>_vs_raw` against a raw loopback TCP stream of
 //!   the same size between the same two processes, plain tokio sockets
-//!   (`tcp_raw_{read,write}_<size>`).
+//!   (`tcp_raw_{read,write}_<size>`);
+//! - `ctrl_rtt_during_1GiB_copy` (also with `--quick`): the longest
+//!   control round trip (a small TCP echo on the reader's runtime) while a
+//!   task of that runtime reads 1 GiB through shm, against the longest over
+//!   an idle window of the same length (`ctrl_rtt_idle`); see [`ctrl_rtt`].
 //!
 //! The peer is this binary again (`regent bench-rdma-peer`, hidden): it
 //! owns the buffers and serves a raw TCP sink and source. This process is
@@ -17,6 +21,8 @@
 //! that all see the same load on a shared machine.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -34,6 +40,8 @@ use super::{BenchOptions, Figure, Report, median, micros};
 const SUITE: &str = "rdma";
 const OWNER: &str = "bench-owner";
 const READER: &str = "bench-reader";
+/// The reader of the control round-trip figure, on a runtime of its own.
+const CTRL_READER: &str = "bench-ctrl-reader";
 const DEADLINE: Duration = Duration::from_secs(120);
 const MIB: usize = 1 << 20;
 /// Rounds that interleave figures and baselines.
@@ -189,7 +197,7 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         }
         release(&mut peer, &handle).await?;
     }
-    ctrl_rtt(&reader, &mut peer, opts.quick, report).await?;
+    ctrl_rtt(&ca, &mut peer, opts.quick, report).await?;
     Ok(())
 }
 
@@ -216,22 +224,58 @@ const CTRL_COPY_BYTES: usize = 1 << 30;
 const CTRL_MSG_BYTES: usize = 64;
 
 /// `ctrl_rtt_during_1GiB_copy`: the longest round trip of a 64-byte TCP
-/// echo (server and client are tasks of this runtime, as a proc's control
-/// plane is) while a task of the same runtime reads 1 GiB through shm,
-/// against the longest round trip over an idle window of the same length.
-/// Each round measures both; the figure is the median over rounds. A copy
-/// that held a worker thread would show here as a round trip of a chunk's
-/// copy time.
+/// echo while a task of the same runtime reads 1 GiB through shm, against
+/// the longest round trip over an idle window as long as the copy took.
+/// Each round measures both; the figure is the median over rounds.
+///
+/// The echo's server and client, the copying task and a reader's buffer
+/// manager of their own run on a runtime with one worker thread: a proc's
+/// heartbeats and handlers share its workers, and with one the effect of a
+/// copy that holds a worker cannot hide behind work stealing (it shows as a
+/// round trip of a whole chunk's copy time, tens of milliseconds).
 async fn ctrl_rtt(
-    reader: &BufferManager,
+    ca: &ClusterCa,
     peer: &mut Peer,
     quick: bool,
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let rounds = if quick { 3 } else { 7 };
     let handle = alloc(peer, CTRL_COPY_BYTES).await?;
+    let creds = ca.issue(&ProcId::new(CTRL_READER)?)?;
+    let remote = handle.clone();
+    let (mut during, mut idle) = tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?
+            .block_on(ctrl_rounds(creds, remote, rounds))
+    })
+    .await??;
+    report.push(
+        Figure::new(
+            SUITE,
+            "ctrl_rtt_during_1GiB_copy",
+            micros(median(&mut during)),
+            "us",
+        )
+        .against("ctrl_rtt_idle", micros(median(&mut idle)), "us"),
+    );
+    release(peer, &handle).await
+}
+
+/// The rounds of [`ctrl_rtt`], on the current (one-worker) runtime: the
+/// longest round trip during each copy and during each idle window.
+async fn ctrl_rounds(
+    creds: ProcCredentials,
+    handle: RemoteBuffer,
+    rounds: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let reader = BufferManager::start(
+        ManagerConfig::default().backend(BackendPolicy::Only(BackendKind::Shm)),
+        creds,
+    )
+    .await?;
     let mut local = reader.register_with(Memory::allocate(CTRL_COPY_BYTES)?, Access::Local)?;
-    reader.set_backend_policy(BackendPolicy::Only(BackendKind::Shm));
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let echo_addr = listener.local_addr()?;
     let server = tokio::spawn(async move {
@@ -248,8 +292,8 @@ async fn ctrl_rtt(
     let mut idle = Vec::new();
     let mut during = Vec::new();
     for round in 0..=rounds {
-        // The copy, on a worker of this runtime.
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // The copy, on the worker.
+        let stop = Arc::new(AtomicBool::new(false));
         let pinger = tokio::spawn(ping_until(client, stop.clone()));
         let copy = {
             let reader = reader.clone();
@@ -265,15 +309,15 @@ async fn ctrl_rtt(
             })
         };
         let (buffer, result, took) = copy.await?;
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        stop.store(true, Ordering::SeqCst);
         let (c, max_during) = pinger.await??;
         result?;
         local = buffer;
         // The idle window: as long as the copy took.
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
         let pinger = tokio::spawn(ping_until(c, stop.clone()));
         tokio::time::sleep(took).await;
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        stop.store(true, Ordering::SeqCst);
         let (c, max_idle) = pinger.await??;
         client = c;
         // Round 0 warms up (maps the segment).
@@ -284,25 +328,14 @@ async fn ctrl_rtt(
     }
     drop(client);
     let _ = tokio::time::timeout(DEADLINE, server).await;
-    report.push(
-        Figure::new(
-            SUITE,
-            "ctrl_rtt_during_1GiB_copy",
-            micros(median(&mut during)),
-            "us",
-        )
-        .against("ctrl_rtt_idle", micros(median(&mut idle)), "us"),
-    );
-    reader.set_backend_policy(BackendPolicy::Auto);
-    drop(local);
-    release(peer, &handle).await
+    Ok((during, idle))
 }
 
 /// Echo round trips back to back until `stop`; returns the stream and the
 /// longest round trip (at least one is made).
 async fn ping_until(
     mut sock: TcpStream,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<AtomicBool>,
 ) -> anyhow::Result<(TcpStream, Duration)> {
     let mut msg = [7u8; CTRL_MSG_BYTES];
     let mut longest = Duration::ZERO;
@@ -311,7 +344,7 @@ async fn ping_until(
         sock.write_all(&msg).await?;
         sock.read_exact(&mut msg).await?;
         longest = longest.max(t.elapsed());
-        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+        if stop.load(Ordering::SeqCst) {
             return Ok((sock, longest));
         }
     }
