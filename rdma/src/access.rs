@@ -6,19 +6,23 @@
 //! (the shm backend in another process, the owner's own tcp server task)
 //! is bracketed by an *access slot* in the header's second page:
 //!
-//! 1. claim a free slot: compare-and-swap `0 -> pid | kind` (SeqCst);
+//! 1. claim a free slot: compare-and-swap `0 -> pid | seq | kind` (SeqCst;
+//!    `seq` numbers this process's claims, so no two claims look alike);
 //! 2. load the state word (SeqCst); if it does not allow `kind`, free the
 //!    slot and refuse the operation ([`crate::Error::Closed`]);
 //! 3. copy; 4. free the slot (store 0, Release).
 //!
-//! The owner narrows access by storing the new state (SeqCst), then waiting
-//! until no slot of a conflicting kind is held (SeqCst loads). In the single
-//! total order of SeqCst operations either the peer's state load follows
-//! the owner's store (the peer refuses) or the owner's slot load follows
-//! the peer's claim (the owner waits for its release, whose Release store
-//! its Acquire load then synchronises with). So once the owner's wait ends,
-//! no peer copy of a conflicting kind is running or can start, and the
-//! owner may hold references to the bytes. Widening access (reopening)
+//! The owner narrows access by storing the new state (SeqCst), then taking
+//! a snapshot of the held slots of a conflicting kind (SeqCst loads), and
+//! waiting until each of those claims is gone. In the single total order of
+//! SeqCst operations either the peer's state load follows the owner's store
+//! (the peer refuses) or the owner's slot load follows the peer's claim (the
+//! claim is in the snapshot, and the owner waits for its release, whose
+//! Release store its Acquire load then synchronises with). Claims made after
+//! the snapshot see the new state and refuse, so they are not waited for: a
+//! storm of refused retries cannot starve the owner. Once the wait ends, no
+//! peer copy of a conflicting kind is running or can start, and the owner
+//! may hold references to the bytes. Widening access (reopening)
 //! needs no wait: the state store (SeqCst, so Release) orders the owner's
 //! earlier writes before any copy that sees the new state.
 //!
@@ -97,20 +101,49 @@ pub(crate) const SLOTS: usize = 512;
 pub(crate) const SLOT_PAGE_BYTES: usize = SLOTS * 8;
 const _: () = assert!(SLOT_PAGE_BYTES == 4096);
 
-fn slot_value(pid: u32, kind: Kind) -> u64 {
-    (u64::from(pid) << 32) | kind as u64
+/// A slot's value: the pid in the high half, then 30 bits of the claim's
+/// sequence number, then 2 bits of kind (never 0, so never free).
+fn slot_value(pid: u32, seq: u32, kind: Kind) -> u64 {
+    (u64::from(pid) << 32) | (u64::from(seq & 0x3fff_ffff) << 2) | kind as u64
 }
 
 fn slot_pid(v: u64) -> u32 {
     (v >> 32) as u32
 }
 
-fn slot_kind(v: u64) -> u64 {
-    v & 0xffff_ffff
+fn slot_kind(v: u64) -> Kind {
+    if v & 3 == Kind::Write as u64 {
+        Kind::Write
+    } else {
+        Kind::Read
+    }
 }
 
-/// Where each claim starts looking, spread over the table.
+/// Where each claim starts looking, spread over the table; also the
+/// claims' sequence numbers.
 static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+/// Claims of other copies that an owner's change of access waits for: the
+/// slots and the values they held when the new state was in place.
+#[derive(Debug, Default)]
+pub(crate) struct Waiting {
+    claims: Vec<(usize, u64)>,
+}
+
+impl Waiting {
+    /// Whether every claim waited for is gone.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.claims.is_empty()
+    }
+
+    /// The processes whose claims are still waited for.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.claims.iter().map(|&(_, v)| slot_pid(v)).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+}
 
 /// Why a claim failed.
 #[derive(Debug, PartialEq, Eq)]
@@ -132,8 +165,8 @@ impl<'a> Gate<'a> {
     /// Claims a slot for a copy of `kind` by this process, then checks the
     /// state. The slot is freed when the returned ticket drops.
     pub(crate) fn enter(self, kind: Kind) -> Result<Ticket<'a>, Refusal> {
-        let value = slot_value(std::process::id(), kind);
         let start = NEXT_SLOT.fetch_add(1, Ordering::Relaxed);
+        let value = slot_value(std::process::id(), start as u32, kind);
         let slot = (0..SLOTS)
             .map(|i| &self.slots[(start + i) % SLOTS])
             .find(|s| {
@@ -155,40 +188,45 @@ impl<'a> Gate<'a> {
         }
     }
 
-    /// The pids holding slots of a kind that `previous` allowed and
-    /// `access` forbids, after freeing the slots of processes that are
-    /// gone. Empty: no peer copy that `access` forbids is running, and none
-    /// can start (the caller stored the new state first). Slots of kinds
-    /// `previous` already forbade belong to peers about to refuse; they
-    /// never copy, so they are not waited for (widening never waits).
-    pub(crate) fn holders(self, previous: Access, access: Access) -> Vec<u32> {
-        let me = std::process::id();
-        let mut pids = Vec::new();
-        for slot in self.slots {
+    /// The claims of a kind that `previous` allowed and `access` forbids,
+    /// held now: to be called after the new state is stored. Claims of
+    /// kinds `previous` already forbade belong to peers about to refuse;
+    /// they never copy, so they are not waited for (widening never waits).
+    pub(crate) fn conflicting(self, previous: Access, access: Access) -> Waiting {
+        let mut waiting = Waiting::default();
+        for (i, slot) in self.slots.iter().enumerate() {
             let v = slot.load(Ordering::SeqCst);
             if v == 0 {
                 continue;
             }
-            let kind = if slot_kind(v) == Kind::Write as u64 {
-                Kind::Write
-            } else {
-                Kind::Read
-            };
+            let kind = slot_kind(v);
             if access.allows(kind) || !previous.allows(kind) {
                 continue;
             }
+            waiting.claims.push((i, v));
+        }
+        self.settle(&mut waiting);
+        waiting
+    }
+
+    /// Drops the claims that are gone from `waiting`: released (the slot
+    /// holds another value, or none), or of a process that died inside its
+    /// copy (its slot is freed here, since nothing else will).
+    pub(crate) fn settle(self, waiting: &mut Waiting) {
+        let me = std::process::id();
+        waiting.claims.retain(|&(i, v)| {
+            let slot = &self.slots[i];
+            if slot.load(Ordering::SeqCst) != v {
+                return false;
+            }
             let pid = slot_pid(v);
             if pid != me && gone(pid) {
-                // The process died inside its copy: nothing will free the
-                // slot but us. A failed exchange means it changed (freed).
+                // A failed exchange means it changed (was freed) meanwhile.
                 let _ = slot.compare_exchange(v, 0, Ordering::SeqCst, Ordering::Relaxed);
-                continue;
+                return false;
             }
-            if !pids.contains(&pid) {
-                pids.push(pid);
-            }
-        }
-        pids
+            true
+        });
     }
 }
 

@@ -214,25 +214,25 @@ impl LocalBuffer {
             return Ok(());
         };
         // The new state is stored: peers' new copies are refused from now
-        // on, so the wait ends once those already running do.
+        // on, so the wait is for the copies already claimed, and ends once
+        // each of those is done.
+        let gate = self.region.gate();
+        let mut waiting = gate.conflicting(change.previous, access);
         let started = Instant::now();
         let mut pause = Duration::from_micros(50);
-        loop {
-            let pids = self.region.gate().holders(change.previous, access);
-            if pids.is_empty() {
-                break;
-            }
+        while !waiting.is_empty() {
             let waited = started.elapsed();
             if waited >= self.access_timeout {
                 // `change` drops here and restores the previous state.
                 return Err(Error::Busy {
                     buffer: self.id(),
-                    pids,
+                    pids: waiting.pids(),
                     waited,
                 });
             }
             tokio::time::sleep(pause.min(self.access_timeout - waited)).await;
             pause = (pause * 2).min(Duration::from_millis(5));
+            gate.settle(&mut waiting);
         }
         change.commit();
         self.finish_change(access);
@@ -245,11 +245,11 @@ impl LocalBuffer {
         let Some(change) = self.begin_change(access) else {
             return Ok(());
         };
-        let pids = self.region.gate().holders(change.previous, access);
-        if !pids.is_empty() {
+        let waiting = self.region.gate().conflicting(change.previous, access);
+        if !waiting.is_empty() {
             return Err(Error::Busy {
                 buffer: self.id(),
-                pids,
+                pids: waiting.pids(),
                 waited: Duration::ZERO,
             });
         }
@@ -896,6 +896,11 @@ impl BufferManager {
             }
             result
         };
+        if blocking {
+            // A blocking copy never returned `Pending`: let the futures
+            // that share this task (a `join!`, a batch) run.
+            tokio::task::yield_now().await;
+        }
         // Complete only if the owner still had the buffer at the end.
         let result = result.and_then(|()| segment.check());
         if let Err(e) = &result

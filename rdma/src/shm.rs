@@ -159,6 +159,12 @@ impl PeerSegment {
         Ok(())
     }
 
+    /// The segment's slot table (for tests).
+    #[cfg(test)]
+    pub(crate) fn slots(&self) -> &[std::sync::atomic::AtomicU64; crate::access::SLOTS] {
+        slots_at(&self.body)
+    }
+
     /// A slot for one chunk of a copy of `kind`: `Ok(None)` when every slot
     /// is held (try again shortly), [`Error::Closed`] when the owner does
     /// not allow `kind` now, and the errors of [`Self::check`].

@@ -515,10 +515,16 @@ async fn serve_connection(
     // One deadline from accept to the welcome: a connection that sends
     // nothing, or stalls in its handshake, holds its place this long at most.
     let deadline = tokio::time::Instant::now() + ctx.handshake_timeout;
-    tokio::time::timeout_at(deadline, tcp.readable())
+    // `readable` may report readiness spuriously; a peek returns only once
+    // a byte is there (0: the client closed).
+    let mut first = [0u8; 1];
+    let n = tokio::time::timeout_at(deadline, tcp.peek(&mut first))
         .await
         .map_err(|_| late("rdma tcp client's first bytes"))?
         .map_err(Error::io("wait for the client's first bytes"))?;
+    if n == 0 {
+        return Ok(());
+    }
     if !place.start_handshake(limits) {
         return Err(Error::Refused {
             peer: peer.to_string(),

@@ -937,3 +937,78 @@ fn shm_copies_are_whole_on_a_current_thread_runtime() {
             .unwrap(),
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_beyond_the_table_evict_the_oldest() {
+    let p = pair(
+        ManagerConfig::default()
+            .tcp_max_silent(std::num::NonZeroU32::new(8).unwrap())
+            .backend(BackendPolicy::Only(BackendKind::Tcp)),
+    )
+    .await;
+    let buf = p.owner.register_new(4096).unwrap();
+    let h = buf.handle().clone();
+    let addr = h.tcp().unwrap().addr;
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    until(
+        Duration::from_secs(10),
+        "the silent table stays bounded",
+        || {
+            let load = p.owner.tcp_load();
+            load.silent == 8 && load.connections == 8
+        },
+    )
+    .await;
+    // The oldest twelve were dropped (the server closed them)...
+    for s in &mut silent[..12] {
+        let mut rest = Vec::new();
+        let r = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+        assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "{r:?}");
+    }
+    // ...and a reader still gets in: it evicts one more silent connection.
+    let mut b = vec![0u8; 16];
+    p.reader.read_into(&h, 0, &mut b).await.unwrap();
+    let load = p.owner.tcp_load();
+    assert_eq!((load.serving, load.silent), (1, 7), "{load:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_made_after_the_owner_closed_is_not_waited_for() {
+    use crate::access::Kind;
+    use std::sync::atomic::Ordering;
+    let p = pair(ManagerConfig::default().access_timeout(Duration::from_secs(20))).await;
+    let mut buf = p.owner.register_new(1 << 16).unwrap();
+    let h = buf.handle().clone();
+    let segment = peer_segment(&p.reader, &h);
+    let in_flight = segment.enter(Kind::Read).unwrap().expect("a free slot");
+    let closing = buf.set_access(Access::Local);
+    tokio::pin!(closing);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut closing)
+            .await
+            .is_err()
+    );
+    // A peer claims a slot now, after the owner stored Local, and is
+    // preempted before it reads the state: it will refuse, never copy. The
+    // owner must not wait for it (a stream of such retries would starve it).
+    let late = segment
+        .slots()
+        .iter()
+        .find(|s| s.load(Ordering::SeqCst) == 0)
+        .expect("a free slot");
+    late.store(
+        (u64::from(std::process::id()) << 32) | (12_345 << 2) | 1,
+        Ordering::SeqCst,
+    );
+    drop(in_flight);
+    let t = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(15), closing)
+        .await
+        .expect("the owner waited for a claim made after it closed")
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    late.store(0, Ordering::SeqCst);
+}
