@@ -58,8 +58,23 @@ pub struct ManagerConfig {
     /// Default 1 (2 cores on the reference machine; more spreads TLS over
     /// more cores where there are some).
     pub tcp_connections: NonZeroU32,
-    /// Connections the tcp server serves at once. Default 256.
+    /// Authenticated connections the tcp server serves at once (counted
+    /// once the handshake and identity check are done). Default 256.
     pub tcp_max_clients: NonZeroU32,
+    /// Accepted connections that have not sent a byte yet, held at once.
+    /// When full, a new connection makes the server drop the oldest silent
+    /// one. Default 1024.
+    pub tcp_max_silent: NonZeroU32,
+    /// Connections in their handshake (TLS, hello, identity check) at once,
+    /// from all addresses; one more is refused. Default 128.
+    pub tcp_max_handshakes: NonZeroU32,
+    /// Connections in their handshake at once from one IP address; one
+    /// more is refused. Default 32.
+    pub tcp_max_handshakes_per_addr: NonZeroU32,
+    /// Deadline for a connection from accept to the end of its handshake
+    /// (first bytes, TLS, hello, identity check) on the server. Default
+    /// 3 s: a cluster member on a loaded machine needs milliseconds.
+    pub tcp_handshake_timeout: Duration,
     /// A tcp connection idle this long is closed by the server (and not
     /// reused by the client after half of it). Default 10 min.
     pub tcp_idle_timeout: Duration,
@@ -74,6 +89,18 @@ pub struct ManagerConfig {
     /// non-temporal stores above its threshold, 114 MiB on the reference
     /// machine); smaller chunks measured 0.6x memcpy at 1 GiB.
     pub shm_chunk_bytes: NonZeroU32,
+    /// Copies of this many bytes or more by the shm backend run off the
+    /// runtime's worker threads (`tokio::task::block_in_place`, on a
+    /// multi-thread runtime), so they never hold up the control plane's
+    /// tasks. Default 4 MiB (under half a millisecond of copying).
+    pub shm_blocking_bytes: usize,
+    /// Such copies running at once per manager (others wait their turn).
+    /// Default 4; at most 64.
+    pub shm_copy_threads: NonZeroU32,
+    /// How long [`crate::LocalBuffer::set_access`] waits for peers'
+    /// operations already copying to finish before it gives up with
+    /// [`Error::Busy`]. Default 10 s.
+    pub access_timeout: Duration,
     /// How often mapped segments of other procs are checked for release or
     /// owner death, so their memory is unmapped even if no operation
     /// touches them again. Default 250 ms.
@@ -106,10 +133,17 @@ impl Default for ManagerConfig {
             tcp_window_chunks: NonZeroU32::new(4).expect("nonzero"),
             tcp_connections: NonZeroU32::new(1).expect("nonzero"),
             tcp_max_clients: NonZeroU32::new(256).expect("nonzero"),
+            tcp_max_silent: NonZeroU32::new(1024).expect("nonzero"),
+            tcp_max_handshakes: NonZeroU32::new(128).expect("nonzero"),
+            tcp_max_handshakes_per_addr: NonZeroU32::new(32).expect("nonzero"),
+            tcp_handshake_timeout: Duration::from_secs(3),
             tcp_idle_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(10),
             op_timeout: Duration::from_secs(30),
             shm_chunk_bytes: NonZeroU32::new(256 << 20).expect("nonzero"),
+            shm_blocking_bytes: 4 << 20,
+            shm_copy_threads: NonZeroU32::new(4).expect("nonzero"),
+            access_timeout: Duration::from_secs(10),
             liveness_interval: Duration::from_millis(250),
             max_peer_segments: 1024,
             max_buffers: 65_536,
@@ -121,6 +155,9 @@ impl Default for ManagerConfig {
         }
     }
 }
+
+/// The longest deadline a config may hold (a day).
+const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// The largest tcp chunk.
 pub const MAX_TCP_CHUNK_BYTES: u32 = 64 << 20;
@@ -161,6 +198,22 @@ impl ManagerConfig {
         tcp_max_clients: NonZeroU32
     );
     setter!(
+        /// Sets [`Self::tcp_max_silent`].
+        tcp_max_silent: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::tcp_max_handshakes`].
+        tcp_max_handshakes: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::tcp_max_handshakes_per_addr`].
+        tcp_max_handshakes_per_addr: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::tcp_handshake_timeout`].
+        tcp_handshake_timeout: Duration
+    );
+    setter!(
         /// Sets [`Self::tcp_idle_timeout`].
         tcp_idle_timeout: Duration
     );
@@ -175,6 +228,18 @@ impl ManagerConfig {
     setter!(
         /// Sets [`Self::shm_chunk_bytes`].
         shm_chunk_bytes: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::shm_blocking_bytes`].
+        shm_blocking_bytes: usize
+    );
+    setter!(
+        /// Sets [`Self::shm_copy_threads`].
+        shm_copy_threads: NonZeroU32
+    );
+    setter!(
+        /// Sets [`Self::access_timeout`].
+        access_timeout: Duration
     );
     setter!(
         /// Sets [`Self::liveness_interval`].
@@ -221,6 +286,15 @@ impl ManagerConfig {
         if self.tcp_connections.get() > 16 {
             return bad("tcp_connections above 16");
         }
+        if self.shm_copy_threads.get() > 64 {
+            return bad("shm_copy_threads above 64");
+        }
+        if self.tcp_max_silent.get() > 1 << 16 || self.tcp_max_handshakes.get() > 1 << 16 {
+            return bad("tcp_max_silent and tcp_max_handshakes at most 65536");
+        }
+        if self.tcp_max_handshakes_per_addr > self.tcp_max_handshakes {
+            return bad("tcp_max_handshakes_per_addr above tcp_max_handshakes");
+        }
         if self.max_peer_segments == 0 || self.max_buffers == 0 {
             return bad("max_peer_segments and max_buffers must be positive");
         }
@@ -229,9 +303,15 @@ impl ManagerConfig {
             ("op_timeout", self.op_timeout),
             ("liveness_interval", self.liveness_interval),
             ("tcp_idle_timeout", self.tcp_idle_timeout),
+            ("tcp_handshake_timeout", self.tcp_handshake_timeout),
+            ("access_timeout", self.access_timeout),
         ] {
             if d.is_zero() {
                 return Err(Error::Config(format!("{name} must be positive")));
+            }
+            // Deadlines are added to `Instant`s: a huge one would overflow.
+            if d > MAX_TIMEOUT {
+                return Err(Error::Config(format!("{name} above {MAX_TIMEOUT:?}")));
             }
         }
         Ok(())

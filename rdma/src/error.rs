@@ -61,6 +61,44 @@ pub enum Error {
         /// The buffer.
         buffer: BufferId,
     },
+    /// The owner has closed the buffer to this kind of operation for now:
+    /// it holds it locally ([`crate::Access::Local`]: reads and writes are
+    /// refused) or read-only ([`crate::Access::ReadOnly`]: writes are
+    /// refused). Not an invalidation: the same handle works again once the
+    /// owner reopens the buffer (on ibverbs, see [`crate::LocalBuffer::set_access`]).
+    #[error("{buffer} of {owner} is closed to peers' {}", if *write { "writes" } else { "reads" })]
+    Closed {
+        /// The owner proc.
+        owner: ProcId,
+        /// The buffer.
+        buffer: BufferId,
+        /// Whether the refused operation was a write.
+        write: bool,
+    },
+    /// The owner could not close its buffer to peers: operations of these
+    /// processes were still copying when the deadline passed (or, for a
+    /// `try_` call, at once). The buffer keeps its previous access.
+    #[error("{buffer} is busy: operations of pids {pids:?} in flight after {waited:?}")]
+    Busy {
+        /// The buffer.
+        buffer: BufferId,
+        /// The processes whose operations hold it (this one's own pid for
+        /// its tcp server).
+        pids: Vec<u32>,
+        /// How long the owner waited.
+        waited: Duration,
+    },
+    /// The owner asked for a view of its buffer that its current access
+    /// does not allow (e.g. a slice while peers may write it).
+    #[error("{buffer} is {access:?} to peers: {need}")]
+    Access {
+        /// The buffer.
+        buffer: BufferId,
+        /// Its access now.
+        access: crate::Access,
+        /// What the view needs.
+        need: &'static str,
+    },
     /// The owner proc died; its buffers are gone.
     #[error("owner {owner} of {buffer} died")]
     OwnerDied {

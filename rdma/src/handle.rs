@@ -307,6 +307,12 @@ impl RemoteBuffer {
         self.verbs
     }
 
+    /// Replaces the verbs descriptor (the owner re-registered the memory
+    /// region, or dropped it).
+    pub(crate) fn set_verbs(&mut self, verbs: Option<VerbsDescriptor>) {
+        self.verbs = verbs;
+    }
+
     /// Checks that `offset..offset + len_bytes` lies inside the buffer.
     pub fn check_range(&self, offset: u64, len_bytes: u64) -> Result<(), Error> {
         match offset.checked_add(len_bytes) {

@@ -12,6 +12,13 @@
 //! - A peer calls [`BufferManager::read_into`] / [`BufferManager::write_from`]
 //!   with the handle, an offset and a local slice, or runs a [`Batch`].
 //!   Out-of-range requests fail before any transfer.
+//! - A buffer's [`Access`] says what peers may do: [`Access::Exposed`]
+//!   (read and write), [`Access::ReadOnly`] (read) or [`Access::Local`]
+//!   (nothing: their operations fail with [`Error::Closed`]). The owner
+//!   sees the bytes only while peers cannot write them
+//!   ([`LocalBuffer::as_slice`], [`LocalBuffer::as_mut_slice`], the guard
+//!   of [`LocalBuffer::lock_local`]); closing waits for peers' copies in
+//!   flight, which each hold an access slot of the segment.
 //! - The backend per (reader, buffer) pair comes from [`choose_backend`]:
 //!   `ibverbs` when both ends have a device, else `shm` on the same host
 //!   (equal [`HostId`]), else `tcp`; a [`BackendPolicy`] can force one.
@@ -25,11 +32,15 @@
 //!
 //! - `shm` (same host): the peer opens the owner's memfd through
 //!   `/proc/<pid>/fd/<fd>`, checks its seals, size and token, maps it and
-//!   copies with the CPU; the owner's threads do nothing. No name exists in
-//!   any file system, so nothing is left behind when the owner dies.
+//!   copies with the CPU; the owner's threads do nothing. Large copies run
+//!   off the runtime's worker threads, so the control plane's tasks keep
+//!   running. No name exists in any file system, so nothing is left behind
+//!   when the owner dies.
 //! - `tcp` (across hosts): mutual TLS with the cluster's certificates
 //!   ([`regent_net::ProcCredentials`]), chunked (4 MiB) and pipelined, on one
-//!   or more connections; the owner's serving task does the copying.
+//!   or more connections; the owner's serving task does the copying. Every
+//!   wait has a deadline, and connections that never finish a handshake
+//!   cannot crowd out those that do.
 //! - `ibverbs` (cargo feature): RC queue pairs and RDMA READ/WRITE through
 //!   `sideway`; [`ibverbs_available`] says whether a device is present.
 //!
@@ -64,6 +75,7 @@
 //! `// SAFETY:` note.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod access;
 mod choice;
 pub mod config;
 pub mod error;
@@ -74,14 +86,18 @@ mod shm;
 mod tcp;
 mod verbs;
 
+pub use access::Access;
 pub use choice::{LocalCaps, choose_backend};
 pub use config::{BackendKind, BackendPolicy, ManagerConfig};
 pub use error::Error;
 pub use handle::{
     BufferId, HostId, MAX_BUFFER_BYTES, RemoteBuffer, ShmDescriptor, TcpDescriptor, VerbsDescriptor,
 };
-pub use manager::{Batch, BufferManager, LocalBuffer, MAX_BATCH_CONCURRENCY, MAX_BATCH_OPS, Op};
+pub use manager::{
+    Batch, BufferManager, LocalBuffer, LocalGuard, MAX_BATCH_CONCURRENCY, MAX_BATCH_OPS, Op,
+};
 pub use memory::{MEMFD_NAME_PREFIX, Memory};
+pub use tcp::TcpLoad;
 pub use verbs::available as ibverbs_available;
 // The fuzzing entry points of the tcp backend's headers (fuzz/), not API.
 #[doc(hidden)]

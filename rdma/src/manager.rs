@@ -3,21 +3,24 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use regent_net::{ProcCredentials, ProcId};
 
+use crate::access::{Access, Kind, STATE_RELEASED};
 use crate::choice::{LocalCaps, choose_backend};
 use crate::config::{BackendKind, BackendPolicy, ManagerConfig};
 use crate::error::Error;
 use crate::handle::{
     BufferId, HostId, RemoteBuffer, ShmDescriptor, TcpDescriptor, VerbsDescriptor,
 };
-use crate::memory::{Memory, Region, STATE_REGISTERED, STATE_RELEASED};
-use crate::shm::PeerSegments;
-use crate::tcp::{Conn, Registry, TcpClient, TcpServer};
+use crate::memory::{Memory, Region};
+use crate::shm::{PeerSegment, PeerSegments};
+use crate::tcp::{Conn, Registry, TcpClient, TcpLoad, TcpServer};
 use crate::verbs;
 
 /// Operations of one batch run at once.
@@ -69,6 +72,8 @@ struct Inner {
     verbs_local: Mutex<BTreeMap<usize, (usize, u32)>>,
     verbs_peers: tokio::sync::Mutex<HashMap<(ProcId, SocketAddr), VerbsPeer>>,
     verbs_staging: tokio::sync::Mutex<Option<LocalBuffer>>,
+    /// Large shm copies running off the worker threads at once.
+    copy_permits: tokio::sync::Semaphore,
     sweeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -86,11 +91,17 @@ impl Drop for Inner {
 }
 
 /// Memory registered with a manager: peers reach it through its
-/// [`RemoteBuffer`] handle. The owner reads and writes it as a slice.
+/// [`RemoteBuffer`] handle, as far as its [`Access`] lets them.
 ///
-/// Contract (as with RDMA): while a peer's operation on a range is in
-/// flight, the owner does not access that range, and peers do not write
-/// ranges that others access; otherwise the bytes seen are unspecified.
+/// A buffer starts [`Access::Exposed`] (or as [`BufferManager::register_with`]
+/// says). The owner sees its bytes only while peers cannot write them:
+/// [`Self::as_slice`] under [`Access::ReadOnly`] or [`Access::Local`],
+/// [`Self::as_mut_slice`] under [`Access::Local`], or through the guard of
+/// [`Self::lock_local`]. Narrowing access ([`Self::set_access`]) refuses
+/// peers' new operations ([`Error::Closed`]) and waits for the copies
+/// already running (`docs/semantics.md` §6.2); so a view of the bytes never
+/// overlaps a peer's copy that could change them.
+///
 /// Dropping the buffer (or [`LocalBuffer::release`]) releases it: peers'
 /// later operations fail with [`Error::Released`], and the memory is freed
 /// once in-flight operations and peers' mappings let go of it.
@@ -99,18 +110,22 @@ pub struct LocalBuffer {
     handle: RemoteBuffer,
     manager: Weak<Inner>,
     mr: Option<verbs::MemoryRegion>,
+    access: Access,
+    access_timeout: Duration,
 }
 
 impl std::fmt::Debug for LocalBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalBuffer")
             .field("handle", &self.handle)
+            .field("access", &self.access)
             .finish_non_exhaustive()
     }
 }
 
 impl LocalBuffer {
-    /// The handle to send to peers.
+    /// The handle to send to peers. On ibverbs it changes with every change
+    /// of access (see [`Self::set_access`]).
     pub fn handle(&self) -> &RemoteBuffer {
         &self.handle
     }
@@ -120,8 +135,293 @@ impl LocalBuffer {
         self.handle.id()
     }
 
+    /// Its length in bytes (at least 1).
+    pub fn len(&self) -> usize {
+        self.region.len_bytes()
+    }
+
+    /// Always false: a buffer holds at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// What peers may do with it now.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// The bytes, for reading, under [`Access::ReadOnly`] or
+    /// [`Access::Local`]; [`Error::Access`] while peers may write them.
+    pub fn as_slice(&self) -> Result<&[u8], Error> {
+        match self.access {
+            // SAFETY: peers' writes are refused and none is copying (the
+            // state was stored and the write slots drained before `access`
+            // changed, which needs `&mut self`, so it cannot change while
+            // this borrow of `self` lives).
+            Access::ReadOnly | Access::Local => Ok(unsafe { self.region.data() }),
+            Access::Exposed => {
+                Err(self.access_err("peers may write it; make it ReadOnly or Local"))
+            }
+        }
+    }
+
+    /// The bytes, for reading and writing, under [`Access::Local`];
+    /// [`Error::Access`] while peers may read or write them.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8], Error> {
+        match self.access {
+            // SAFETY: every peer operation is refused and none is copying
+            // (as in `as_slice`); `&mut self` makes this the only reference
+            // in this process.
+            Access::Local => Ok(unsafe { self.region.data_mut() }),
+            _ => Err(self.access_err("peers may read or write it; make it Local")),
+        }
+    }
+
+    /// The first byte of the buffer's memory, valid for [`Self::len`]
+    /// bytes until the buffer is dropped (e.g. for a tensor made on it
+    /// without copying).
+    ///
+    /// # Using the pointer
+    ///
+    /// Getting the pointer is safe; every access through it is the
+    /// caller's `unsafe` to justify against [`Self::access`], which only
+    /// `&mut self` methods change:
+    /// - [`Access::Local`]: no peer touches the bytes; the caller owns them
+    ///   as it would a `&mut [u8]` it derived the pointer from, and must not
+    ///   keep a view through it across a change of access.
+    /// - [`Access::ReadOnly`]: peers may read at any time; the caller may
+    ///   read, never write.
+    /// - [`Access::Exposed`]: peers may write at any time; a reference made
+    ///   from the pointer is undefined behaviour unless the application's
+    ///   protocol guarantees that no peer writes the referenced bytes while
+    ///   it lives (and, for `&mut`, that none reads them).
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        NonNull::new(self.region.data_ptr()).expect("a mapping's address is never null")
+    }
+
+    /// Changes what peers may do, waiting up to the manager's
+    /// `access_timeout` for peers' copies that the new access forbids
+    /// (those already running; new ones are refused at once with
+    /// [`Error::Closed`]). On [`Error::Busy`] the buffer keeps its
+    /// previous access. Widening (towards [`Access::Exposed`]) never waits.
+    ///
+    /// On ibverbs the memory region is registered anew with the access
+    /// flags of the new state (the old rkey stops working before this
+    /// returns): [`Self::handle`] then holds a new rkey, and peers need the
+    /// new handle.
+    pub async fn set_access(&mut self, access: Access) -> Result<(), Error> {
+        let Some(change) = self.begin_change(access) else {
+            return Ok(());
+        };
+        // The new state is stored: peers' new copies are refused from now
+        // on, so the wait is for the copies already claimed, and ends once
+        // each of those is done.
+        let gate = self.region.gate();
+        let mut waiting = gate.conflicting(change.previous, access);
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        while !waiting.is_empty() {
+            let waited = started.elapsed();
+            if waited >= self.access_timeout {
+                // `change` drops here and restores the previous state.
+                return Err(Error::Busy {
+                    buffer: self.id(),
+                    pids: waiting.pids(),
+                    waited,
+                });
+            }
+            tokio::time::sleep(pause.min(self.access_timeout - waited)).await;
+            pause = (pause * 2).min(Duration::from_millis(5));
+            gate.settle(&mut waiting);
+        }
+        change.commit();
+        self.finish_change(access);
+        Ok(())
+    }
+
+    /// [`Self::set_access`] without waiting: [`Error::Busy`] if a peer's
+    /// copy that `access` forbids is running now.
+    pub fn try_set_access(&mut self, access: Access) -> Result<(), Error> {
+        let Some(change) = self.begin_change(access) else {
+            return Ok(());
+        };
+        let waiting = self.region.gate().conflicting(change.previous, access);
+        if !waiting.is_empty() {
+            return Err(Error::Busy {
+                buffer: self.id(),
+                pids: waiting.pids(),
+                waited: Duration::ZERO,
+            });
+        }
+        change.commit();
+        self.finish_change(access);
+        Ok(())
+    }
+
+    /// Stores the state of `access` in the header; the returned change
+    /// restores the previous one when dropped uncommitted (a failed or
+    /// cancelled change). `None`: nothing to change.
+    fn begin_change(&self, access: Access) -> Option<StateChange> {
+        if access == self.access {
+            return None;
+        }
+        self.region.set_state(access.state());
+        Some(StateChange {
+            region: self.region.clone(),
+            previous: self.access,
+            committed: false,
+        })
+    }
+
+    fn finish_change(&mut self, access: Access) {
+        self.access = access;
+        self.rekey();
+        tracing::trace!(buffer = %self.id(), ?access, "buffer access changed");
+    }
+
+    /// Closes the buffer to peers (waiting as [`Self::set_access`] does)
+    /// until the returned guard drops; the guard derefs to the bytes, and
+    /// its drop restores the previous access.
+    pub async fn lock_local(&mut self) -> Result<LocalGuard<'_>, Error> {
+        let restore = self.access;
+        self.set_access(Access::Local).await?;
+        Ok(LocalGuard {
+            buffer: self,
+            restore,
+        })
+    }
+
+    /// [`Self::lock_local`] without waiting ([`Error::Busy`]).
+    pub fn try_lock_local(&mut self) -> Result<LocalGuard<'_>, Error> {
+        let restore = self.access;
+        self.try_set_access(Access::Local)?;
+        Ok(LocalGuard {
+            buffer: self,
+            restore,
+        })
+    }
+
     /// Releases the buffer (the same as dropping it).
     pub fn release(self) {}
+
+    /// The owner's view of the state word and slots (for tests).
+    #[cfg(test)]
+    pub(crate) fn region_gate(&self) -> crate::access::Gate<'_> {
+        self.region.gate()
+    }
+
+    fn access_err(&self, need: &'static str) -> Error {
+        Error::Access {
+            buffer: self.id(),
+            access: self.access,
+            need,
+        }
+    }
+
+    /// Registers the verbs memory region anew for the current access (the
+    /// old one is deregistered first, so its rkey is dead before peers are
+    /// told anything). Without a device, nothing to do.
+    fn rekey(&mut self) {
+        let Some(old) = self.mr.take() else { return };
+        let manager = self.manager.upgrade();
+        let addr = self.region.data_ptr() as usize;
+        if let Some(m) = &manager {
+            m.verbs_local
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&addr);
+        }
+        {
+            // Deregistered here: the old rkey is dead before anything else.
+            let _deregistered = old;
+        }
+        self.handle.set_verbs(None);
+        let Some(m) = manager else { return };
+        let Some(device) = &m.verbs else { return };
+        match device.register(&self.region, self.access) {
+            Ok(mr) => {
+                self.handle.set_verbs(Some(VerbsDescriptor {
+                    addr: addr as u64,
+                    rkey: mr.rkey(),
+                }));
+                m.verbs_local
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(addr, (self.region.len_bytes(), mr.lkey()));
+                self.mr = Some(mr);
+            }
+            Err(e) => {
+                tracing::warn!(buffer = %self.id(), error = %e, "verbs re-registration failed: the buffer is off ibverbs");
+            }
+        }
+    }
+}
+
+/// A change of access under way: until committed, dropping it puts the
+/// previous state back in the header (so a cancelled `set_access` leaves
+/// the buffer as it was).
+struct StateChange {
+    region: Arc<Region>,
+    previous: Access,
+    committed: bool,
+}
+
+impl StateChange {
+    fn commit(mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for StateChange {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.region.set_state(self.previous.state());
+        }
+    }
+}
+
+/// A [`LocalBuffer`] closed to peers for as long as this lives (from
+/// [`LocalBuffer::lock_local`]): it derefs to the buffer's bytes, and its
+/// drop restores the access the buffer had before.
+pub struct LocalGuard<'a> {
+    buffer: &'a mut LocalBuffer,
+    restore: Access,
+}
+
+impl std::fmt::Debug for LocalGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalGuard")
+            .field("buffer", &self.buffer.id())
+            .field("restore", &self.restore)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for LocalGuard<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the buffer is `Access::Local` while the guard lives (the
+        // guard holds its only `&mut`), so no peer copies it; see
+        // `LocalBuffer::as_mut_slice`.
+        unsafe { self.buffer.region.data() }
+    }
+}
+
+impl std::ops::DerefMut for LocalGuard<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only
+        // reference to the bytes in this process.
+        unsafe { self.buffer.region.data_mut() }
+    }
+}
+
+impl Drop for LocalGuard<'_> {
+    fn drop(&mut self) {
+        // Widening never waits, so it cannot be busy.
+        if let Err(e) = self.buffer.try_set_access(self.restore) {
+            tracing::warn!(buffer = %self.buffer.id(), error = %e, "buffer left Local");
+        }
+    }
 }
 
 impl Drop for LocalBuffer {
@@ -139,24 +439,6 @@ impl Drop for LocalBuffer {
         // Deregistered here, before the memory can be unmapped.
         let _mr = self.mr.take();
         tracing::debug!(buffer = %self.handle.id(), "buffer released");
-    }
-}
-
-impl std::ops::Deref for LocalBuffer {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: the region is mapped while `self` lives; the contract of
-        // registered memory (type docs) rules out concurrent peer writes to
-        // bytes the owner reads.
-        unsafe { self.region.data() }
-    }
-}
-
-impl std::ops::DerefMut for LocalBuffer {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `deref`; `&mut self` excludes other references in
-        // this process (the tcp server copies through raw pointers).
-        unsafe { self.region.data_mut() }
     }
 }
 
@@ -270,6 +552,7 @@ impl BufferManager {
             verbs_local: Mutex::new(BTreeMap::new()),
             verbs_peers: tokio::sync::Mutex::new(HashMap::new()),
             verbs_staging: tokio::sync::Mutex::new(None),
+            copy_permits: tokio::sync::Semaphore::new(config.shm_copy_threads.get() as usize),
             sweeper: Mutex::new(None),
             config,
         });
@@ -303,6 +586,11 @@ impl BufferManager {
     /// Where the tcp backend serves this proc's buffers.
     pub fn tcp_addr(&self) -> SocketAddr {
         self.inner.tcp_server.addr()
+    }
+
+    /// What the tcp server holds now: connections in each stage.
+    pub fn tcp_load(&self) -> TcpLoad {
+        self.inner.tcp_server.load()
     }
 
     /// Whether this manager opened a verbs device.
@@ -339,15 +627,26 @@ impl BufferManager {
         self.inner.registry.len()
     }
 
+    /// The peers' segments mapped here (for tests).
+    #[cfg(test)]
+    pub(crate) fn peer_segments(&self) -> &PeerSegments {
+        &self.inner.peers
+    }
+
     /// How many other procs' segments are mapped here now.
     pub fn mapped_peer_segments(&self) -> usize {
         self.inner.peers.len()
     }
 
-    /// Registers memory: it gets an id and a handle with a descriptor for
-    /// every backend this manager serves (shm, tcp, and verbs with a
-    /// device).
+    /// Registers memory, [`Access::Exposed`]: it gets an id and a handle
+    /// with a descriptor for every backend this manager serves (shm, tcp,
+    /// and verbs with a device).
     pub fn register(&self, memory: Memory) -> Result<LocalBuffer, Error> {
+        self.register_with(memory, Access::Exposed)
+    }
+
+    /// Registers memory with the given access to begin with.
+    pub fn register_with(&self, memory: Memory, access: Access) -> Result<LocalBuffer, Error> {
         let inner = &self.inner;
         if inner.registry.len() >= inner.config.max_buffers {
             return Err(Error::TooManyBuffers {
@@ -357,7 +656,7 @@ impl BufferManager {
         let region = Arc::new(memory.region);
         let id = BufferId(inner.next_id.fetch_add(1, Ordering::Relaxed));
         let mr = match &inner.verbs {
-            Some(dev) => Some(dev.register(&region)?),
+            Some(dev) => Some(dev.register(&region, access)?),
             None => None,
         };
         let handle = RemoteBuffer::new(
@@ -385,7 +684,7 @@ impl BufferManager {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(region.data_ptr() as usize, (region.len_bytes(), m.lkey()));
         }
-        region.set_state(STATE_REGISTERED);
+        region.set_state(access.state());
         inner.registry.insert(id, region.clone());
         tracing::debug!(buffer = %id, len_bytes = region.len_bytes(), "buffer registered");
         Ok(LocalBuffer {
@@ -393,6 +692,8 @@ impl BufferManager {
             handle,
             manager: Arc::downgrade(&self.inner),
             mr,
+            access,
+            access_timeout: inner.config.access_timeout,
         })
     }
 
@@ -507,19 +808,7 @@ impl BufferManager {
         offset: u64,
         local: &mut [u8],
     ) -> Result<(), Error> {
-        let peers = &self.inner.peers;
-        let segment = peers.get(remote)?;
-        let chunk = self.inner.config.shm_chunk_bytes.get() as usize;
-        let mut at = offset as usize;
-        for piece in local.chunks_mut(chunk) {
-            segment.check().inspect_err(|_| peers.forget(remote))?;
-            segment.copy_out(at, piece);
-            at += piece.len();
-            tokio::task::yield_now().await;
-        }
-        fence(Ordering::Acquire);
-        // Complete only if the owner still had the buffer at the end.
-        segment.check().inspect_err(|_| peers.forget(remote))
+        self.shm_copy(remote, offset, ShmDir::Read(local)).await
     }
 
     async fn shm_write(
@@ -528,20 +817,101 @@ impl BufferManager {
         offset: u64,
         local: &[u8],
     ) -> Result<(), Error> {
-        let peers = &self.inner.peers;
-        let segment = peers.get(remote)?;
-        let chunk = self.inner.config.shm_chunk_bytes.get() as usize;
-        let mut at = offset as usize;
-        for piece in local.chunks(chunk) {
-            segment.check().inspect_err(|_| peers.forget(remote))?;
-            segment.copy_in(at, piece);
-            at += piece.len();
-            tokio::task::yield_now().await;
-        }
+        self.shm_copy(remote, offset, ShmDir::Write(local)).await?;
         // The bytes are in the owner's memory before this returns (and
         // before any control message saying so is sent).
         fence(Ordering::Release);
-        segment.check().inspect_err(|_| peers.forget(remote))
+        Ok(())
+    }
+
+    /// One shm operation, in chunks of `shm_chunk_bytes`, each under an
+    /// access slot of the segment. A large one runs off the runtime's
+    /// worker threads (`block_in_place`, at most `shm_copy_threads` at
+    /// once), so the tasks of the control plane keep running; a small one,
+    /// or any on a current-thread runtime, runs here and yields between
+    /// chunks (of at most `INLINE_CHUNK_BYTES` then).
+    async fn shm_copy(
+        &self,
+        remote: &RemoteBuffer,
+        offset: u64,
+        mut dir: ShmDir<'_>,
+    ) -> Result<(), Error> {
+        let peers = &self.inner.peers;
+        let config = &self.inner.config;
+        let segment = peers.get(remote)?;
+        let deadline = config.op_timeout;
+        let chunk = config.shm_chunk_bytes.get() as usize;
+        let blocking = dir.len() >= config.shm_blocking_bytes
+            && tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let result = if blocking {
+            let _permit = self
+                .inner
+                .copy_permits
+                .acquire()
+                .await
+                .map_err(|_| Error::Shutdown)?;
+            tokio::task::block_in_place(|| {
+                let started = Instant::now();
+                let mut done = 0;
+                while done < dir.len() {
+                    let n = (dir.len() - done).min(chunk);
+                    if !shm_chunk(&segment, offset as usize + done, &mut dir, done, n)? {
+                        slot_wait(started, deadline)?;
+                        std::thread::sleep(SLOT_RETRY);
+                        continue;
+                    }
+                    done += n;
+                }
+                Ok(())
+            })
+        } else {
+            let chunk = if dir.len() > chunk {
+                chunk.min(INLINE_CHUNK_BYTES)
+            } else {
+                chunk
+            };
+            let started = Instant::now();
+            let mut done = 0;
+            let mut result = Ok(());
+            while done < dir.len() {
+                let n = (dir.len() - done).min(chunk);
+                match shm_chunk(&segment, offset as usize + done, &mut dir, done, n) {
+                    Ok(true) => done += n,
+                    Ok(false) => match slot_wait(started, deadline) {
+                        Ok(()) => tokio::time::sleep(SLOT_RETRY).await,
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    },
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+                if done < dir.len() {
+                    tokio::task::yield_now().await;
+                }
+            }
+            result
+        };
+        if blocking {
+            // A blocking copy never returned `Pending`: let the futures
+            // that share this task (a `join!`, a batch) run.
+            tokio::task::yield_now().await;
+        }
+        // Complete only if the owner still had the buffer at the end.
+        let result = result.and_then(|()| segment.check());
+        if let Err(e) = &result
+            && e.is_invalidated()
+        {
+            peers.forget(remote);
+        }
+        if matches!(dir, ShmDir::Read(_)) && result.is_ok() {
+            fence(Ordering::Acquire);
+        }
+        result
     }
 
     /// The lkey of registered local memory holding `ptr..ptr + len`.
@@ -614,11 +984,14 @@ impl BufferManager {
             // Staged through a registered bounce buffer.
             let mut staging = self.inner.verbs_staging.lock().await;
             if staging.is_none() {
-                *staging = Some(self.register_new(VERBS_STAGING_BYTES)?);
+                // Never exposed: its handle goes to no one.
+                let memory = Memory::allocate(VERBS_STAGING_BYTES)?;
+                *staging = Some(self.register_with(memory, Access::Local)?);
             }
             let stage = staging.as_mut().ok_or(Error::Shutdown)?;
             let lkey = stage.mr.as_ref().map(|m| m.lkey()).ok_or(Error::Shutdown)?;
             let stage_ptr = stage.region.data_ptr() as u64;
+            let stage = stage.as_mut_slice()?;
             let mut done = 0;
             while done < len {
                 let n = (len - done).min(VERBS_STAGING_BYTES);
@@ -656,4 +1029,59 @@ impl BufferManager {
 enum Dir<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8]),
+}
+
+/// An shm operation's local side.
+enum ShmDir<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+impl ShmDir<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Self::Read(b) => b.len(),
+            Self::Write(b) => b.len(),
+        }
+    }
+}
+
+/// The largest chunk of a large shm copy that runs on a worker thread (on a
+/// current-thread runtime): about a millisecond of copying.
+const INLINE_CHUNK_BYTES: usize = 8 << 20;
+/// How long an shm copy waits before it tries again for a free access slot.
+const SLOT_RETRY: Duration = Duration::from_micros(100);
+
+/// Copies `n` bytes between `segment` at `at` and `dir` at `local_at`
+/// under one access slot. `Ok(false)`: every slot is held, nothing copied.
+fn shm_chunk(
+    segment: &PeerSegment,
+    at: usize,
+    dir: &mut ShmDir<'_>,
+    local_at: usize,
+    n: usize,
+) -> Result<bool, Error> {
+    let kind = match dir {
+        ShmDir::Read(_) => Kind::Read,
+        ShmDir::Write(_) => Kind::Write,
+    };
+    let Some(entered) = segment.enter(kind)? else {
+        return Ok(false);
+    };
+    match dir {
+        ShmDir::Read(b) => entered.copy_out(at, &mut b[local_at..local_at + n]),
+        ShmDir::Write(b) => entered.copy_in(at, &b[local_at..local_at + n]),
+    }
+    Ok(true)
+}
+
+/// Fails once an operation has waited its deadline for an access slot.
+fn slot_wait(started: Instant, deadline: Duration) -> Result<(), Error> {
+    if started.elapsed() >= deadline {
+        return Err(Error::Timeout {
+            what: "a free access slot of the shm segment",
+            after: deadline,
+        });
+    }
+    Ok(())
 }

@@ -1,16 +1,19 @@
 //! Registrable memory: one sealed memfd per buffer, mapped shared and
-//! populated at allocation, with a one-page header that peers check.
+//! populated at allocation, with a two-page header: the first page peers
+//! check (and map read-only), the second holds the access slots of
+//! [`crate::access`] (peers map it read-write).
 //!
 //! Layout of a segment (`HEADER_BYTES` + length):
 //!
 //! | offset | field |
 //! |---|---|
-//! | 0 | magic `RGNRDMA1` (u64) |
-//! | 8 | state (atomic u32: 0 allocated, 1 registered, 2 released) |
+//! | 0 | magic `RGNRDMA2` (u64) |
+//! | 8 | state (atomic u32: 0 allocated, 1 exposed, 2 released, 3 read-only, 4 local) |
 //! | 12 | owner pid (u32) |
 //! | 16 | length in bytes (u64) |
 //! | 24 | token (16 bytes) |
-//! | 4096 | the buffer's bytes |
+//! | 4096 | access slots (512 atomic u64: 0 free, else pid << 32 \| kind) |
+//! | 8192 | the buffer's bytes |
 //!
 //! The memfd is sealed against shrinking and growing, so a mapping of it
 //! never faults with SIGBUS, and has mode 0600. It has no name in any file
@@ -18,20 +21,21 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::{FallocateFlags, MemfdFlags, Mode, SealFlags};
 
+use crate::access::{Gate, Kind, Refusal, SLOT_PAGE_BYTES, SLOTS, STATE_ALLOCATED, Ticket};
 use crate::error::Error;
 use crate::handle::{MAX_BUFFER_BYTES, Token};
 
-/// Bytes before the data: one page.
-pub(crate) const HEADER_BYTES: usize = 4096;
-pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RGNRDMA1");
-pub(crate) const STATE_ALLOCATED: u32 = 0;
-pub(crate) const STATE_REGISTERED: u32 = 1;
-pub(crate) const STATE_RELEASED: u32 = 2;
+/// Bytes of the first header page (the fields peers check).
+pub(crate) const INFO_BYTES: usize = 4096;
+/// Bytes before the data: the info page and the slot page.
+pub(crate) const HEADER_BYTES: usize = INFO_BYTES + SLOT_PAGE_BYTES;
+/// Version 2: the slot page and the access states.
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RGNRDMA2");
 /// The memfd name prefix (visible in `/proc/<pid>/maps` and `fd/`).
 pub const MEMFD_NAME_PREFIX: &str = "regent-rdma-";
 
@@ -45,15 +49,15 @@ pub(crate) struct Header {
     pub(crate) token: [u8; 16],
 }
 
-const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
+const _: () = assert!(std::mem::size_of::<Header>() <= INFO_BYTES);
 
-/// A header at the start of a mapping of at least `HEADER_BYTES`.
+/// A header at the start of a mapping of at least `INFO_BYTES`.
 ///
 /// The header is only read through this reference and written through its
 /// atomic; the plain fields are written once by the owner before any other
 /// process can learn where the segment is.
 pub(crate) fn header_of(map: &MmapRaw) -> &Header {
-    assert!(map.len() >= HEADER_BYTES, "mapping shorter than a header");
+    assert!(map.len() >= INFO_BYTES, "mapping shorter than a header");
     // SAFETY: the mapping is at least one page long and page-aligned, so it
     // holds a properly aligned `Header` (repr(C), all fields valid for any
     // bit pattern); it lives as long as `map`, which the returned reference
@@ -61,6 +65,84 @@ pub(crate) fn header_of(map: &MmapRaw) -> &Header {
     // initialises them; `state` is an atomic, so concurrent stores from the
     // owner process are not data races.
     unsafe { &*map.as_ptr().cast::<Header>() }
+}
+
+/// The slot table at the start of a mapping of at least `SLOT_PAGE_BYTES`
+/// that begins at the slot page of a segment.
+pub(crate) fn slots_at(map: &MmapRaw) -> &[AtomicU64; SLOTS] {
+    assert!(
+        map.len() >= SLOT_PAGE_BYTES,
+        "mapping shorter than the slots"
+    );
+    // SAFETY: the mapping is page-aligned and at least a page long, so it
+    // holds an aligned array of `SLOTS` `AtomicU64` (valid for any bit
+    // pattern; a fresh memfd is zeroed, so every slot starts free). It lives
+    // as long as `map`, which the reference borrows. Every access to these
+    // words, from any process, is atomic.
+    unsafe { &*map.as_ptr().cast::<[AtomicU64; SLOTS]>() }
+}
+
+/// Copies into and out of a segment's data while holding an access slot:
+/// the only way bytes of registered memory move, apart from the owner's
+/// views under [`crate::Access::Local`] or [`crate::Access::ReadOnly`].
+pub(crate) struct Entered<'a> {
+    _ticket: Ticket<'a>,
+    data: *mut u8,
+    len_bytes: usize,
+    kind: Kind,
+}
+
+impl Entered<'_> {
+    /// Copies `dst.len()` bytes from `offset` out of the data.
+    pub(crate) fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(dst.len())
+                .is_some_and(|e| e <= self.len_bytes),
+            "copy_out range checked by the caller"
+        );
+        debug_assert_eq!(self.kind, Kind::Read, "a read under a read slot");
+        // SAFETY: the range lies inside the data mapping (asserted), which
+        // outlives `self` (it borrows the region or segment). `dst` is
+        // memory of this process outside every segment mapping of this
+        // buffer (the reader's slice, or the tcp server's piece), so they do
+        // not overlap. The slot held makes the owner wait before it takes a
+        // reference to the bytes (`access`), so the owner does not write
+        // them meanwhile; another peer writing the same range at the same
+        // time is a contract violation of the application (torn bytes,
+        // docs/semantics.md §6.2), and `u8` is valid for any value.
+        unsafe { std::ptr::copy_nonoverlapping(self.data.add(offset), dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// Copies `src` into the data at `offset`.
+    pub(crate) fn copy_in(&self, offset: usize, src: &[u8]) {
+        assert!(
+            offset
+                .checked_add(src.len())
+                .is_some_and(|e| e <= self.len_bytes),
+            "copy_in range checked by the caller"
+        );
+        debug_assert_eq!(self.kind, Kind::Write, "a write under a write slot");
+        // SAFETY: as in `copy_out`, with the roles swapped; the owner holds
+        // no reference to the bytes while a write slot is held (it waits
+        // for write slots before any view), and the mapping is writable.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.add(offset), src.len()) }
+    }
+}
+
+/// Claims a slot of `gate` for `kind` and wraps the data for copies.
+pub(crate) fn enter<'a>(
+    gate: Gate<'a>,
+    kind: Kind,
+    data: *mut u8,
+    len_bytes: usize,
+) -> Result<Entered<'a>, Refusal> {
+    Ok(Entered {
+        _ticket: gate.enter(kind)?,
+        data,
+        len_bytes,
+        kind,
+    })
 }
 
 /// An allocated segment: the memfd, its mapping and its identity.
@@ -145,7 +227,7 @@ impl Region {
         self.file.as_fd().as_raw_fd() as u32
     }
 
-    /// The first byte of the data (after the header page).
+    /// The first byte of the data (after the two header pages).
     pub(crate) fn data_ptr(&self) -> *mut u8 {
         // SAFETY: the mapping is `HEADER_BYTES + len_bytes` long, so the
         // offset stays inside it.
@@ -156,43 +238,37 @@ impl Region {
         header_of(&self.map).state.store(state, Ordering::SeqCst);
     }
 
-    /// Copies `dst.len()` bytes from `offset` out of the data.
-    pub(crate) fn copy_out(&self, offset: usize, dst: &mut [u8]) {
-        assert!(
-            offset
-                .checked_add(dst.len())
-                .is_some_and(|e| e <= self.len_bytes),
-            "copy_out range checked by the caller"
-        );
-        // SAFETY: the range lies inside the data (asserted); `dst` is a
-        // distinct allocation or another mapping, so they do not overlap.
-        // Concurrent writes to the same bytes by a peer are a contract
-        // violation of the application (docs/semantics.md §6), as with RDMA; the
-        // bytes are plain `u8`, valid for any value.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.data_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+    /// The state word and slots, as the owner maps them.
+    pub(crate) fn gate(&self) -> Gate<'_> {
+        let header = header_of(&self.map);
+        // SAFETY: the slot page starts `INFO_BYTES` into the mapping, which
+        // is `HEADER_BYTES + len_bytes` long and page-aligned, so it holds
+        // an aligned `[AtomicU64; SLOTS]` inside the mapping, living as long
+        // as `self`; every access to it is atomic.
+        let slots = unsafe {
+            &*self
+                .map
+                .as_mut_ptr()
+                .add(INFO_BYTES)
+                .cast::<[AtomicU64; SLOTS]>()
+        };
+        Gate {
+            state: &header.state,
+            slots,
         }
     }
 
-    /// Copies `src` into the data at `offset`.
-    pub(crate) fn copy_in(&self, offset: usize, src: &[u8]) {
-        assert!(
-            offset
-                .checked_add(src.len())
-                .is_some_and(|e| e <= self.len_bytes),
-            "copy_in range checked by the caller"
-        );
-        // SAFETY: as in `copy_out`, with the roles of the two sides swapped.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.data_ptr().add(offset), src.len())
-        }
+    /// A slot for a copy of `kind` by this process (the tcp server).
+    pub(crate) fn enter(&self, kind: Kind) -> Result<Entered<'_>, Refusal> {
+        enter(self.gate(), kind, self.data_ptr(), self.len_bytes)
     }
 
     /// The data as a slice, for the owner.
     ///
     /// # Safety
-    /// The caller keeps the contract of registered memory: no peer writes
-    /// the bytes while the slice is in use (`docs/semantics.md` §6).
+    /// Nothing writes the bytes while the slice is in use: the memory is
+    /// not registered, or the owner closed it to peers' writes and waited
+    /// for their slots (`Access::ReadOnly` or `Access::Local`).
     pub(crate) unsafe fn data(&self) -> &[u8] {
         // SAFETY: the data is `len_bytes` long, mapped for as long as
         // `self`; the caller vouches that nothing writes it meanwhile.
@@ -202,7 +278,10 @@ impl Region {
     /// The data as a mutable slice, for the owner.
     ///
     /// # Safety
-    /// As [`Self::data`], and no other reference to the data exists.
+    /// Nothing else reads or writes the bytes while the slice is in use:
+    /// the memory is not registered, or the owner closed it to peers and
+    /// waited for their slots (`Access::Local`); and no other reference to
+    /// the data exists in this process.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn data_mut(&self) -> &mut [u8] {
         // SAFETY: as in `data`; the caller guarantees exclusivity.
@@ -230,8 +309,8 @@ impl Memory {
 
     /// Allocates memory holding a copy of `bytes`.
     pub fn copy_from(bytes: &[u8]) -> Result<Self, Error> {
-        let m = Self::allocate(bytes.len())?;
-        m.region.copy_in(0, bytes);
+        let mut m = Self::allocate(bytes.len())?;
+        m.copy_from_slice(bytes);
         Ok(m)
     }
 }

@@ -10,12 +10,14 @@
 //! pidfd, opened before the memfd, pins the identity: a reused pid cannot
 //! hold the token.
 //!
-//! Liveness: every chunk of a copy (256 MiB by default) checks the header's
-//! state word (the owner sets it to released before freeing) and polls the
-//! pidfd (readable once the owner has exited); the copy fails with
-//! [`Error::Released`] or [`Error::OwnerDied`]. A sweeper unmaps segments
-//! whose owner died or released them, so a dead owner's memory is freed
-//! even if no operation touches it again.
+//! Every chunk of a copy (256 MiB by default) runs under an access slot of
+//! the segment (see [`crate::access`]): the owner may have closed the
+//! buffer to peers ([`Error::Closed`]). Liveness: every chunk also checks
+//! the header's state word (the owner sets it to released before freeing)
+//! and polls the pidfd (readable once the owner has exited); the copy fails
+//! with [`Error::Released`] or [`Error::OwnerDied`]. A sweeper unmaps
+//! segments whose owner died or released them, so a dead owner's memory is
+//! freed even if no operation touches it again.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -25,35 +27,25 @@ use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapOptions, MmapRaw};
 use regent_net::ProcId;
-use rustix::event::{PollFd, PollFlags};
 use rustix::fs::{Mode, OFlags, SealFlags};
 use rustix::process::{Pid, PidfdFlags};
 
+use crate::access::{
+    Gate, Kind, Refusal, SLOT_PAGE_BYTES, STATE_EXPOSED, STATE_LOCAL, STATE_READ_ONLY, exited,
+};
 use crate::error::Error;
 use crate::handle::{BufferId, RemoteBuffer, Token};
-use crate::memory::{HEADER_BYTES, Header, MAGIC, STATE_REGISTERED, STATE_RELEASED, header_of};
-
-/// Whether the process behind `pidfd` has exited.
-pub(crate) fn exited(pidfd: &OwnedFd) -> bool {
-    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
-    let zero = rustix::event::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    match rustix::event::poll(&mut fds, Some(&zero)) {
-        Ok(n) => n > 0,
-        // A pidfd that cannot be polled is no proof of life.
-        Err(_) => true,
-    }
-}
+use crate::memory::{Entered, HEADER_BYTES, Header, INFO_BYTES, MAGIC, header_of, slots_at};
 
 /// Another proc's segment, mapped here.
 pub(crate) struct PeerSegment {
     owner: ProcId,
     buffer: BufferId,
     pidfd: OwnedFd,
+    /// The info page, read-only.
     header: MmapRaw,
-    data: MmapRaw,
+    /// The slot page and the data after it, read-write.
+    body: MmapRaw,
     len_bytes: usize,
 }
 
@@ -110,7 +102,7 @@ impl PeerSegment {
         }
         let file = File::from(fd);
         let header = MmapOptions::new()
-            .len(HEADER_BYTES)
+            .len(INFO_BYTES)
             .map_raw_read_only(&file)
             .map_err(|e| shm_err(format!("map header: {e}")))?;
         let h: &Header = header_of(&header);
@@ -126,9 +118,9 @@ impl PeerSegment {
                 h.len_bytes
             )));
         }
-        let data = MmapOptions::new()
-            .offset(HEADER_BYTES as u64)
-            .len(len_bytes)
+        let body = MmapOptions::new()
+            .offset(INFO_BYTES as u64)
+            .len(SLOT_PAGE_BYTES + len_bytes)
             .populate()
             .map_raw(&file)
             .map_err(|e| shm_err(format!("map data: {e}")))?;
@@ -137,21 +129,26 @@ impl PeerSegment {
             buffer,
             pidfd,
             header,
-            data,
+            body,
             len_bytes,
         };
         segment.check()?;
         Ok(segment)
     }
 
-    /// Fails if the owner released the buffer or died.
+    fn released(&self) -> Error {
+        Error::Released {
+            owner: self.owner.clone(),
+            buffer: self.buffer,
+        }
+    }
+
+    /// Fails if the owner released the buffer or died (an owner that
+    /// closed it to peers for now has neither).
     pub(crate) fn check(&self) -> Result<(), Error> {
         let state = header_of(&self.header).state.load(Ordering::SeqCst);
-        if state == STATE_RELEASED || state != STATE_REGISTERED {
-            return Err(Error::Released {
-                owner: self.owner.clone(),
-                buffer: self.buffer,
-            });
+        if !matches!(state, STATE_EXPOSED | STATE_READ_ONLY | STATE_LOCAL) {
+            return Err(self.released());
         }
         if exited(&self.pidfd) {
             return Err(Error::OwnerDied {
@@ -162,46 +159,33 @@ impl PeerSegment {
         Ok(())
     }
 
-    /// Copies `dst.len()` bytes from `offset` (range checked by the caller
-    /// against the handle, which matches the mapping).
-    pub(crate) fn copy_out(&self, offset: usize, dst: &mut [u8]) {
-        assert!(
-            offset
-                .checked_add(dst.len())
-                .is_some_and(|e| e <= self.len_bytes),
-            "shm read range checked by the caller"
-        );
-        // SAFETY: the source range lies inside the data mapping (asserted),
-        // which lives as long as `self`; `dst` is memory of this process
-        // that cannot overlap another process's segment mapped here (the
-        // reader's own buffers are separate mappings). Concurrent writes to
-        // the same bytes by someone else are a contract violation of the
-        // application (docs/semantics.md §6), and `u8` is valid for any value.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.data.as_ptr().add(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        }
+    /// The segment's slot table (for tests).
+    #[cfg(test)]
+    pub(crate) fn slots(&self) -> &[std::sync::atomic::AtomicU64; crate::access::SLOTS] {
+        slots_at(&self.body)
     }
 
-    /// Copies `src` to `offset`.
-    pub(crate) fn copy_in(&self, offset: usize, src: &[u8]) {
-        assert!(
-            offset
-                .checked_add(src.len())
-                .is_some_and(|e| e <= self.len_bytes),
-            "shm write range checked by the caller"
-        );
-        // SAFETY: as in `copy_out`, with source and destination swapped; the
-        // data mapping is writable (shared, read-write).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.data.as_mut_ptr().add(offset),
-                src.len(),
-            )
+    /// A slot for one chunk of a copy of `kind`: `Ok(None)` when every slot
+    /// is held (try again shortly), [`Error::Closed`] when the owner does
+    /// not allow `kind` now, and the errors of [`Self::check`].
+    pub(crate) fn enter(&self, kind: Kind) -> Result<Option<Entered<'_>>, Error> {
+        self.check()?;
+        let gate = Gate {
+            state: &header_of(&self.header).state,
+            slots: slots_at(&self.body),
+        };
+        // SAFETY: the data starts one slot page into the body mapping,
+        // which is `SLOT_PAGE_BYTES + len_bytes` long.
+        let data = unsafe { self.body.as_mut_ptr().add(SLOT_PAGE_BYTES) };
+        match crate::memory::enter(gate, kind, data, self.len_bytes) {
+            Ok(entered) => Ok(Some(entered)),
+            Err(Refusal::Full) => Ok(None),
+            Err(Refusal::State(STATE_READ_ONLY | STATE_LOCAL)) => Err(Error::Closed {
+                owner: self.owner.clone(),
+                buffer: self.buffer,
+                write: kind == Kind::Write,
+            }),
+            Err(Refusal::State(_)) => Err(self.released()),
         }
     }
 }

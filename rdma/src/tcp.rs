@@ -20,25 +20,28 @@
 pub(crate) mod wire;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use regent_net::{ProcCredentials, ProcId};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
+use tokio::sync::Semaphore;
+use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::timeout;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use crate::access::{Kind, Refusal, STATE_LOCAL, STATE_READ_ONLY};
 use crate::config::{MAX_TCP_CHUNK_BYTES, ManagerConfig};
 use crate::error::Error;
 use crate::handle::{BufferId, RemoteBuffer, Token};
 use crate::memory::Region;
 use crate::verbs::{self, QP_ENDPOINT_BYTES, QpEndpoint};
 use wire::{
-    ALPN, HELLO_MAGIC, Op, REQUEST_BYTES, RESPONSE_BYTES, Request, Response, Status, WELCOME_OK,
-    WELCOME_REFUSED, token_eq,
+    ALPN, HELLO_MAGIC, Op, REQUEST_BYTES, RESPONSE_BYTES, Request, Response, Status, WELCOME_BUSY,
+    WELCOME_OK, WELCOME_REFUSED, token_eq,
 };
 
 /// Bytes the server copies out of (or into) a buffer per step: small enough
@@ -151,6 +154,23 @@ fn socket(tcp: TcpStream) -> Socket {
 pub(crate) struct TcpServer {
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
+    connections: Arc<AtomicUsize>,
+    admission: SharedAdmission,
+    clients: Arc<Semaphore>,
+    max_clients: usize,
+}
+
+/// What the tcp server holds now (see [`crate::BufferManager::tcp_load`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpLoad {
+    /// Connections accepted and not yet ended, in any stage.
+    pub connections: usize,
+    /// Connections that have not sent a byte yet.
+    pub silent: usize,
+    /// Connections in their handshake.
+    pub handshaking: usize,
+    /// Authenticated connections being served.
+    pub serving: usize,
 }
 
 impl Drop for TcpServer {
@@ -166,6 +186,20 @@ struct ServeCtx {
     verbs: Option<Arc<verbs::Device>>,
     handshake_timeout: Duration,
     idle_timeout: Duration,
+    op_timeout: Duration,
+}
+
+/// How many connections the server holds in each stage.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// Authenticated connections.
+    clients: usize,
+    /// Connections that have not sent a byte yet.
+    silent: usize,
+    /// Connections in their handshake, in all.
+    handshakes: usize,
+    /// Connections in their handshake, per IP address.
+    handshakes_per_addr: usize,
 }
 
 impl TcpServer {
@@ -187,24 +221,181 @@ impl TcpServer {
             acceptor,
             registry,
             verbs,
-            handshake_timeout: config.connect_timeout,
+            handshake_timeout: config.tcp_handshake_timeout,
             idle_timeout: config.tcp_idle_timeout,
+            op_timeout: config.op_timeout,
         };
-        let max_clients = config.tcp_max_clients.get() as usize;
-        let task = tokio::spawn(accept_loop(listener, ctx, max_clients));
+        let limits = Limits {
+            clients: config.tcp_max_clients.get() as usize,
+            silent: config.tcp_max_silent.get() as usize,
+            handshakes: config.tcp_max_handshakes.get() as usize,
+            handshakes_per_addr: config.tcp_max_handshakes_per_addr.get() as usize,
+        };
+        let connections = Arc::new(AtomicUsize::new(0));
+        let admission = SharedAdmission::default();
+        let clients = Arc::new(Semaphore::new(limits.clients));
+        let task = tokio::spawn(accept_loop(
+            listener,
+            ctx,
+            limits,
+            Shared {
+                connections: connections.clone(),
+                admission: admission.clone(),
+                clients: clients.clone(),
+            },
+        ));
         tracing::debug!(%addr, "rdma tcp server listening");
-        Ok(Self { addr, task })
+        Ok(Self {
+            addr,
+            task,
+            connections,
+            admission,
+            clients,
+            max_clients: limits.clients,
+        })
     }
 
     /// The address put in handles.
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// What the server holds now.
+    pub(crate) fn load(&self) -> TcpLoad {
+        let (silent, handshaking) = {
+            let a = lock_admission(&self.admission);
+            (a.silent.len(), a.handshakes)
+        };
+        TcpLoad {
+            connections: self.connections.load(Ordering::SeqCst),
+            silent,
+            handshaking,
+            serving: self.max_clients - self.clients.available_permits(),
+        }
+    }
 }
 
-async fn accept_loop(listener: TcpListener, ctx: ServeCtx, max_clients: usize) {
+/// A connection that has not sent a byte yet.
+struct Silent {
+    since: Instant,
+    abort: AbortHandle,
+}
+
+/// The silent connections, by a number of the accept loop, and the
+/// connections in their handshake, per address.
+#[derive(Default)]
+struct Admission {
+    next: u64,
+    silent: HashMap<u64, Silent>,
+    handshakes: usize,
+    handshakes_by_addr: HashMap<IpAddr, usize>,
+}
+
+type SharedAdmission = Arc<Mutex<Admission>>;
+
+fn lock_admission(a: &SharedAdmission) -> std::sync::MutexGuard<'_, Admission> {
+    // Every change is a single insert, removal or count: a panic leaves
+    // the tables consistent.
+    a.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Admission {
+    /// Makes room for one more silent connection: when the table is full,
+    /// the oldest silent one is dropped. A client that means business sends
+    /// its TLS hello at once and leaves this table within microseconds, so
+    /// idle connections cannot keep it out however many there are.
+    fn make_room(&mut self, limit: usize) {
+        if self.silent.len() < limit {
+            return;
+        }
+        let oldest = self
+            .silent
+            .iter()
+            .min_by_key(|(_, c)| c.since)
+            .map(|(&id, _)| id);
+        if let Some(c) = oldest.and_then(|id| self.silent.remove(&id)) {
+            c.abort.abort();
+            tracing::debug!("rdma tcp: the oldest silent connection dropped to make room");
+        }
+    }
+}
+
+/// A connection's place in the admission tables: first among the silent
+/// ones, then (once it has sent bytes) among the handshakes. Dropping it
+/// leaves whichever it holds.
+struct Place {
+    id: u64,
+    addr: IpAddr,
+    handshaking: bool,
+    table: SharedAdmission,
+}
+
+impl Place {
+    /// Leaves the silent table for the handshakes, if there is room for
+    /// one more in all and from this address; false if there is not, or if
+    /// the connection was dropped from the silent table meanwhile.
+    fn start_handshake(&mut self, limits: Limits) -> bool {
+        let mut t = lock_admission(&self.table);
+        if t.silent.remove(&self.id).is_none() {
+            return false;
+        }
+        let from_addr = t.handshakes_by_addr.get(&self.addr).copied().unwrap_or(0);
+        if t.handshakes >= limits.handshakes || from_addr >= limits.handshakes_per_addr {
+            return false;
+        }
+        t.handshakes += 1;
+        *t.handshakes_by_addr.entry(self.addr).or_default() += 1;
+        self.handshaking = true;
+        true
+    }
+
+    /// Leaves the handshakes (done: served or refused).
+    fn finish(&mut self) {
+        if !std::mem::take(&mut self.handshaking) {
+            return;
+        }
+        let mut t = lock_admission(&self.table);
+        t.handshakes = t.handshakes.saturating_sub(1);
+        if let Some(n) = t.handshakes_by_addr.get_mut(&self.addr) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                t.handshakes_by_addr.remove(&self.addr);
+            }
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.finish();
+        lock_admission(&self.table).silent.remove(&self.id);
+    }
+}
+
+/// Counts a connection task while it lives.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What the accept loop shares with the server's handle.
+struct Shared {
+    connections: Arc<AtomicUsize>,
+    admission: SharedAdmission,
+    clients: Arc<Semaphore>,
+}
+
+async fn accept_loop(listener: TcpListener, ctx: ServeCtx, limits: Limits, shared: Shared) {
     // Connection tasks live in this set: aborting the loop drops them.
     let mut conns = JoinSet::new();
+    let Shared {
+        connections,
+        admission,
+        clients,
+    } = shared;
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -216,44 +407,69 @@ async fn accept_loop(listener: TcpListener, ctx: ServeCtx, max_clients: usize) {
                         continue;
                     }
                 };
-                if conns.len() >= max_clients {
-                    tracing::warn!(%peer, max_clients, "rdma tcp server full, connection dropped");
-                    continue;
-                }
+                let mut table = lock_admission(&admission);
+                table.make_room(limits.silent);
+                let id = table.next;
+                table.next += 1;
+                let place = Place { id, addr: peer.ip(), handshaking: false, table: admission.clone() };
                 let ctx = ctx.clone();
-                conns.spawn(async move {
-                    if let Err(e) = serve_connection(tcp, peer, ctx).await {
+                let clients = clients.clone();
+                connections.fetch_add(1, Ordering::SeqCst);
+                let counted = Counted(connections.clone());
+                // Inserted under the lock the task needs to leave the table,
+                // so it is there before the task looks.
+                let abort = conns.spawn(async move {
+                    let _counted = counted;
+                    if let Err(e) = serve_connection(tcp, peer, ctx, place, limits, clients).await {
                         tracing::debug!(%peer, error = %e, "rdma tcp connection ended");
                     }
                 });
+                table.silent.insert(id, Silent { since: Instant::now(), abort });
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
 }
 
-async fn serve_connection(tcp: TcpStream, peer: SocketAddr, ctx: ServeCtx) -> Result<(), Error> {
-    let _ = tcp.set_nodelay(true);
+/// Waits for `f` at most `after`; its I/O error is reported as `what`.
+async fn within<T>(
+    after: Duration,
+    what: &'static str,
+    f: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T, Error> {
+    match timeout(after, f).await {
+        Err(_) => Err(Error::Timeout { what, after }),
+        Ok(r) => r.map_err(Error::io(what)),
+    }
+}
+
+type ServerTls = tokio_rustls::server::TlsStream<Socket>;
+
+/// TLS, the ALPN, the hello and the identity check: the client's proc.
+async fn handshake(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    ctx: &ServeCtx,
+) -> Result<(ServerTls, ProcId), Error> {
     let refused = |reason: String| Error::Refused {
         peer: peer.to_string(),
         reason,
     };
-    let mut tls = timeout(ctx.handshake_timeout, ctx.acceptor.accept(socket(tcp)))
+    let mut tls = ctx
+        .acceptor
+        .accept(socket(tcp))
         .await
-        .map_err(|_| Error::Timeout {
-            what: "rdma tcp handshake",
-            after: ctx.handshake_timeout,
-        })?
         .map_err(|e| refused(format!("TLS handshake: {e}")))?;
+    // rustls refuses a client whose ALPN list lacks ours, but lets one
+    // through that offers none: it is not speaking this protocol.
+    if tls.get_ref().1.alpn_protocol() != Some(ALPN) {
+        return Err(refused("the client offered no ALPN regent-rdma/1".into()));
+    }
     // Hello: the proc the client claims to be, checked against its
     // (chain-verified) certificate.
     let mut head = [0u8; 5];
-    timeout(ctx.handshake_timeout, tls.read_exact(&mut head))
+    tls.read_exact(&mut head)
         .await
-        .map_err(|_| Error::Timeout {
-            what: "rdma tcp hello",
-            after: ctx.handshake_timeout,
-        })?
         .map_err(|e| refused(format!("no hello: {e}")))?;
     let id_len = head[4] as usize;
     if head[..4] != HELLO_MAGIC || id_len == 0 || id_len > regent_net::id::MAX_PROC_ID_BYTES {
@@ -263,12 +479,8 @@ async fn serve_connection(tcp: TcpStream, peer: SocketAddr, ctx: ServeCtx) -> Re
         });
     }
     let mut id = vec![0u8; id_len];
-    timeout(ctx.handshake_timeout, tls.read_exact(&mut id))
+    tls.read_exact(&mut id)
         .await
-        .map_err(|_| Error::Timeout {
-            what: "rdma tcp hello",
-            after: ctx.handshake_timeout,
-        })?
         .map_err(Error::io("read hello"))?;
     let claimed = std::str::from_utf8(&id)
         .ok()
@@ -284,12 +496,65 @@ async fn serve_connection(tcp: TcpStream, peer: SocketAddr, ctx: ServeCtx) -> Re
         tracing::warn!(%peer, %claimed, "rdma tcp client refused: {e}");
         return Err(refused(e.to_string()));
     }
-    tls.write_all(&[WELCOME_OK])
+    Ok((tls, claimed))
+}
+
+async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    ctx: ServeCtx,
+    mut place: Place,
+    limits: Limits,
+    clients: Arc<Semaphore>,
+) -> Result<(), Error> {
+    let _ = tcp.set_nodelay(true);
+    let late = |what| Error::Timeout {
+        what,
+        after: ctx.handshake_timeout,
+    };
+    // One deadline from accept to the welcome: a connection that sends
+    // nothing, or stalls in its handshake, holds its place this long at most.
+    let deadline = tokio::time::Instant::now() + ctx.handshake_timeout;
+    // `readable` may report readiness spuriously; a peek returns only once
+    // a byte is there (0: the client closed).
+    let mut first = [0u8; 1];
+    let n = tokio::time::timeout_at(deadline, tcp.peek(&mut first))
         .await
-        .map_err(Error::io("write welcome"))?;
-    tls.flush().await.map_err(Error::io("write welcome"))?;
+        .map_err(|_| late("rdma tcp client's first bytes"))?
+        .map_err(Error::io("wait for the client's first bytes"))?;
+    if n == 0 {
+        return Ok(());
+    }
+    if !place.start_handshake(limits) {
+        return Err(Error::Refused {
+            peer: peer.to_string(),
+            reason: "too many handshakes in progress (from this address or in all)".into(),
+        });
+    }
+    let (mut tls, claimed) = tokio::time::timeout_at(deadline, handshake(tcp, peer, &ctx))
+        .await
+        .map_err(|_| late("rdma tcp handshake"))??;
+    place.finish();
+    let Ok(_client) = clients.try_acquire_owned() else {
+        let _ = within(ctx.op_timeout, "write welcome", async {
+            tls.write_all(&[WELCOME_BUSY]).await?;
+            tls.shutdown().await
+        })
+        .await;
+        tracing::warn!(%peer, client = %claimed, "rdma tcp server full, client refused");
+        return Err(Error::Refused {
+            peer: peer.to_string(),
+            reason: "the server serves as many clients as it may".into(),
+        });
+    };
+    within(ctx.op_timeout, "write welcome", async {
+        tls.write_all(&[WELCOME_OK]).await?;
+        tls.flush().await
+    })
+    .await?;
     tracing::debug!(%peer, client = %claimed, "rdma tcp client accepted");
     let peer_name = claimed.to_string();
+    let op_timeout = ctx.op_timeout;
 
     let mut piece = vec![0u8; SERVER_PIECE_BYTES];
     let mut qps = Vec::new();
@@ -306,32 +571,59 @@ async fn serve_connection(tcp: TcpStream, peer: SocketAddr, ctx: ServeCtx) -> Re
             reason,
         })?;
         if req.len_bytes > MAX_TCP_CHUNK_BYTES {
-            send_response(&mut tls, Status::TooLarge, 0).await?;
+            send_response(&mut tls, Status::TooLarge, 0, op_timeout).await?;
             return Err(Error::Protocol {
                 peer: peer_name,
                 reason: format!("request of {} bytes", req.len_bytes),
             });
         }
         match req.op {
-            Op::Read => match ctx.registry.lookup(&req) {
-                Ok(region) => {
-                    send_header(&mut tls, Status::Ok, req.len_bytes).await?;
-                    let mut done = 0usize;
-                    let len = req.len_bytes as usize;
-                    while done < len {
-                        let n = (len - done).min(piece.len());
-                        region.copy_out(req.offset as usize + done, &mut piece[..n]);
-                        tls.write_all(&piece[..n])
-                            .await
-                            .map_err(Error::io("send read data"))?;
-                        done += n;
+            Op::Read => {
+                let len = req.len_bytes as usize;
+                // The first piece decides the answer: refused, or the bytes.
+                let first = len.min(piece.len());
+                let region = match ctx.registry.lookup(&req) {
+                    Ok(region) => region,
+                    Err(status) => {
+                        send_response(&mut tls, status, 0, op_timeout).await?;
+                        continue;
                     }
-                    tls.flush().await.map_err(Error::io("send read data"))?;
+                };
+                let at = req.offset as usize;
+                if let Err(status) =
+                    region_copy(&region, at, Piece::Out(&mut piece[..first]), op_timeout).await
+                {
+                    send_response(&mut tls, status, 0, op_timeout).await?;
+                    continue;
                 }
-                Err(status) => send_response(&mut tls, status, 0).await?,
-            },
+                send_header(&mut tls, Status::Ok, req.len_bytes, op_timeout).await?;
+                within(op_timeout, "send read data", tls.write_all(&piece[..first])).await?;
+                let mut done = first;
+                while done < len {
+                    let n = (len - done).min(piece.len());
+                    let at = req.offset as usize + done;
+                    if let Err(status) =
+                        region_copy(&region, at, Piece::Out(&mut piece[..n]), op_timeout).await
+                    {
+                        // The bytes were promised and may not be read now
+                        // (closed or released mid-request): the stream
+                        // cannot stay in step, so it ends.
+                        return Err(Error::Protocol {
+                            peer: peer_name,
+                            reason: format!(
+                                "read of {} refused mid-request ({status:?})",
+                                req.buffer
+                            ),
+                        });
+                    }
+                    within(op_timeout, "send read data", tls.write_all(&piece[..n])).await?;
+                    done += n;
+                }
+                within(op_timeout, "send read data", tls.flush()).await?;
+            }
             Op::Write => {
                 let target = ctx.registry.lookup(&req);
+                let mut status = target.as_ref().err().copied().unwrap_or(Status::Ok);
                 let len = req.len_bytes as usize;
                 let mut done = 0usize;
                 while done < len {
@@ -345,21 +637,22 @@ async fn serve_connection(tcp: TcpStream, peer: SocketAddr, ctx: ServeCtx) -> Re
                         .map_err(Error::io("read write data"))?;
                     // Refused writes are read and dropped, keeping the
                     // stream in step.
-                    if let Ok(region) = &target {
-                        region.copy_in(req.offset as usize + done, &piece[..n]);
+                    if let (Ok(region), Status::Ok) = (&target, status) {
+                        let at = req.offset as usize + done;
+                        if let Err(s) =
+                            region_copy(region, at, Piece::In(&piece[..n]), op_timeout).await
+                        {
+                            status = s;
+                        }
                     }
                     done += n;
                 }
-                let status = match target {
-                    Ok(_) => {
-                        // The bytes are in the buffer before the client
-                        // hears so.
-                        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-                        Status::Ok
-                    }
-                    Err(s) => s,
-                };
-                send_response(&mut tls, status, 0).await?;
+                if status == Status::Ok {
+                    // The bytes are in the buffer before the client hears
+                    // so.
+                    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+                }
+                send_response(&mut tls, status, 0, op_timeout).await?;
             }
             Op::VerbsConnect => {
                 if req.len_bytes as usize != QP_ENDPOINT_BYTES {
@@ -369,9 +662,7 @@ async fn serve_connection(tcp: TcpStream, peer: SocketAddr, ctx: ServeCtx) -> Re
                     });
                 }
                 let mut ep = [0u8; QP_ENDPOINT_BYTES];
-                tls.read_exact(&mut ep)
-                    .await
-                    .map_err(Error::io("read verbs endpoint"))?;
+                within(op_timeout, "read verbs endpoint", tls.read_exact(&mut ep)).await?;
                 let client = QpEndpoint::decode(&ep);
                 let answer = match (&ctx.verbs, qps.len() < MAX_QPS_PER_CONNECTION) {
                     (None, _) => Err(Status::Unsupported),
@@ -385,17 +676,63 @@ async fn serve_connection(tcp: TcpStream, peer: SocketAddr, ctx: ServeCtx) -> Re
                     Ok((qp, mine)) => {
                         // The queue pair lives as long as this connection.
                         qps.push(qp);
-                        send_header(&mut tls, Status::Ok, QP_ENDPOINT_BYTES as u32).await?;
-                        tls.write_all(&mine.encode())
-                            .await
-                            .map_err(Error::io("send verbs endpoint"))?;
-                        tls.flush()
-                            .await
-                            .map_err(Error::io("send verbs endpoint"))?;
+                        send_header(&mut tls, Status::Ok, QP_ENDPOINT_BYTES as u32, op_timeout)
+                            .await?;
+                        within(op_timeout, "send verbs endpoint", async {
+                            tls.write_all(&mine.encode()).await?;
+                            tls.flush().await
+                        })
+                        .await?;
                     }
-                    Err(status) => send_response(&mut tls, status, 0).await?,
+                    Err(status) => send_response(&mut tls, status, 0, op_timeout).await?,
                 }
             }
+        }
+    }
+}
+
+/// The server's side of one piece of a request.
+enum Piece<'a> {
+    /// Copied out of the buffer (a read).
+    Out(&'a mut [u8]),
+    /// Copied into the buffer (a write).
+    In(&'a [u8]),
+}
+
+/// Copies one piece between `region` at `offset` and the server's piece
+/// buffer under an access slot: refused with `Closed` when the owner does
+/// not allow it now, `UnknownBuffer` once released, `Failed` when no slot
+/// frees within `deadline`.
+async fn region_copy(
+    region: &Region,
+    offset: usize,
+    mut piece: Piece<'_>,
+    deadline: Duration,
+) -> Result<(), Status> {
+    let kind = match piece {
+        Piece::Out(_) => Kind::Read,
+        Piece::In(_) => Kind::Write,
+    };
+    let started = Instant::now();
+    loop {
+        // The slot is held only for the copy, never across an await.
+        let refusal = match region.enter(kind) {
+            Ok(entered) => {
+                match &mut piece {
+                    Piece::Out(b) => entered.copy_out(offset, b),
+                    Piece::In(b) => entered.copy_in(offset, b),
+                }
+                return Ok(());
+            }
+            Err(refusal) => refusal,
+        };
+        match refusal {
+            Refusal::State(STATE_READ_ONLY | STATE_LOCAL) => return Err(Status::Closed),
+            Refusal::State(_) => return Err(Status::UnknownBuffer),
+            Refusal::Full if started.elapsed() < deadline => {
+                tokio::time::sleep(Duration::from_micros(100)).await;
+            }
+            Refusal::Full => return Err(Status::Failed),
         }
     }
 }
@@ -404,23 +741,23 @@ async fn send_header<S: AsyncWrite + Unpin>(
     s: &mut S,
     status: Status,
     len: u32,
+    deadline: Duration,
 ) -> Result<(), Error> {
     let r = Response {
         status,
         len_bytes: len,
     };
-    s.write_all(&r.encode())
-        .await
-        .map_err(Error::io("send response"))
+    within(deadline, "send response", s.write_all(&r.encode())).await
 }
 
 async fn send_response<S: AsyncWrite + Unpin>(
     s: &mut S,
     status: Status,
     len: u32,
+    deadline: Duration,
 ) -> Result<(), Error> {
-    send_header(s, status, len).await?;
-    s.flush().await.map_err(Error::io("send response"))
+    send_header(s, status, len, deadline).await?;
+    within(deadline, "send response", s.flush()).await
 }
 
 /// One authenticated connection to an owner.
@@ -475,6 +812,23 @@ impl TcpClient {
         }
     }
 
+    /// Waits at most `op_timeout` for a send to the owner (a stopped or
+    /// overwhelmed owner stops reading, and the socket fills up).
+    async fn send(
+        &self,
+        link: &impl Fn(String) -> Error,
+        what: &'static str,
+        f: impl std::future::Future<Output = std::io::Result<()>>,
+    ) -> Result<(), Error> {
+        match timeout(self.op_timeout, f).await {
+            Err(_) => Err(Error::Timeout {
+                what,
+                after: self.op_timeout,
+            }),
+            Ok(r) => r.map_err(|e| link(format!("{what}: {e}"))),
+        }
+    }
+
     fn addr(remote: &RemoteBuffer) -> Result<SocketAddr, Error> {
         remote
             .tcp()
@@ -524,8 +878,12 @@ impl TcpClient {
         .await
         .map_err(|_| link(format!("hello timed out after {deadline:?}")))?
         .map_err(|e| refused(format!("after the handshake: {e}")))?;
-        if welcome[0] != WELCOME_OK {
-            return Err(refused("the owner refused our identity".into()));
+        match welcome[0] {
+            WELCOME_OK => {}
+            WELCOME_BUSY => {
+                return Err(refused("the owner serves as many clients as it may".into()));
+            }
+            _ => return Err(refused("the owner refused our identity".into())),
         }
         Ok(Conn {
             stream: tls,
@@ -648,7 +1006,8 @@ impl TcpClient {
         match &result {
             // A refused request leaves the stream in step: the connections
             // stay usable.
-            Ok(()) | Err(Error::Released { .. } | Error::OutOfRange { .. }) => {
+            Ok(())
+            | Err(Error::Released { .. } | Error::OutOfRange { .. } | Error::Closed { .. }) => {
                 self.checkin(remote.owner(), addr, conns)
             }
             Err(_) => self.forget(remote.owner(), addr),
@@ -684,14 +1043,11 @@ impl TcpClient {
             if sent < heads.len() && sent < i + self.window {
                 while sent < heads.len() && sent < i + self.window {
                     let (at, len) = heads[sent];
-                    s.write_all(&Self::request(remote, Op::Read, at, len))
-                        .await
-                        .map_err(|e| link(format!("send request: {e}")))?;
+                    let req = Self::request(remote, Op::Read, at, len);
+                    self.send(&link, "send request", s.write_all(&req)).await?;
                     sent += 1;
                 }
-                s.flush()
-                    .await
-                    .map_err(|e| link(format!("send request: {e}")))?;
+                self.send(&link, "send request", s.flush()).await?;
             }
             let resp = self.response(s, remote, addr, heads[i]).await?;
             match resp.status {
@@ -705,7 +1061,7 @@ impl TcpClient {
                 status => {
                     // Keep draining the pipeline so the stream stays in
                     // step, then report the first failure.
-                    first.get_or_insert(status_error(remote, status, heads[i]));
+                    first.get_or_insert(status_error(remote, status, heads[i], false));
                     continue;
                 }
             }
@@ -736,25 +1092,17 @@ impl TcpClient {
             if sent < heads.len() && sent < i + self.window {
                 while sent < heads.len() && sent < i + self.window {
                     let (at, len) = heads[sent];
-                    s.write_all(&Self::request(remote, Op::Write, at, len))
-                        .await
-                        .map_err(|e| link(format!("send request: {e}")))?;
-                    timeout(self.op_timeout, s.write_all(job.chunks[sent].1))
-                        .await
-                        .map_err(|_| Error::Timeout {
-                            what: "rdma tcp write chunk",
-                            after: self.op_timeout,
-                        })?
-                        .map_err(|e| link(format!("send data: {e}")))?;
+                    let req = Self::request(remote, Op::Write, at, len);
+                    self.send(&link, "send request", s.write_all(&req)).await?;
+                    self.send(&link, "send data", s.write_all(job.chunks[sent].1))
+                        .await?;
                     sent += 1;
                 }
-                s.flush()
-                    .await
-                    .map_err(|e| link(format!("send data: {e}")))?;
+                self.send(&link, "send data", s.flush()).await?;
             }
             let resp = self.response(s, remote, addr, heads[i]).await?;
             if resp.status != Status::Ok {
-                first.get_or_insert(status_error(remote, resp.status, heads[i]));
+                first.get_or_insert(status_error(remote, resp.status, heads[i], true));
             }
         }
         first.map_or(Ok(()), Err)
@@ -807,13 +1155,12 @@ impl TcpClient {
             offset: 0,
             token: Token(remote.token().0),
         };
-        s.write_all(&req.encode())
-            .await
-            .map_err(|e| link(e.to_string()))?;
-        s.write_all(&mine.encode())
-            .await
-            .map_err(|e| link(e.to_string()))?;
-        s.flush().await.map_err(|e| link(e.to_string()))?;
+        self.send(&link, "send verbs endpoint", async {
+            s.write_all(&req.encode()).await?;
+            s.write_all(&mine.encode()).await?;
+            s.flush().await
+        })
+        .await?;
         let resp = self.response(s, remote, addr, (0, 0)).await?;
         if resp.status != Status::Ok || resp.len_bytes as usize != QP_ENDPOINT_BYTES {
             return Err(Error::Unavailable {
@@ -836,8 +1183,18 @@ impl TcpClient {
     }
 }
 
-fn status_error(remote: &RemoteBuffer, status: Status, (offset, len): (u64, usize)) -> Error {
+fn status_error(
+    remote: &RemoteBuffer,
+    status: Status,
+    (offset, len): (u64, usize),
+    write: bool,
+) -> Error {
     match status {
+        Status::Closed => Error::Closed {
+            owner: remote.owner().clone(),
+            buffer: remote.id(),
+            write,
+        },
         Status::UnknownBuffer => Error::Released {
             owner: remote.owner().clone(),
             buffer: remote.id(),

@@ -75,7 +75,7 @@ async fn reads_and_writes_through_each_backend() {
     .await;
     let len = 1 << 20;
     let mut data = pattern(len, 3);
-    let buf = p.owner.register(Memory::copy_from(&data).unwrap()).unwrap();
+    let mut buf = p.owner.register(Memory::copy_from(&data).unwrap()).unwrap();
     let handle = RemoteBuffer::decode(&buf.handle().encode()).unwrap();
     assert_eq!(p.reader.backend_for(&handle).unwrap(), BackendKind::Shm);
     for kind in BACKENDS {
@@ -89,7 +89,7 @@ async fn reads_and_writes_through_each_backend() {
         let new = pattern(300_000, kind as u8 + 7);
         p.reader.write_from(&handle, 5000, &new).await.unwrap();
         assert_eq!(
-            buf[5000..305_000],
+            buf.try_lock_local().unwrap()[5000..305_000],
             new[..],
             "{kind}: the owner sees the write"
         );
@@ -201,7 +201,7 @@ async fn a_wrong_token_reaches_nothing() {
 async fn batches_run_disjoint_operations_concurrently() {
     let p = pair(ManagerConfig::default()).await;
     let len = 64 * 4096;
-    let buf = p
+    let mut buf = p
         .owner
         .register(Memory::copy_from(&pattern(len, 1)).unwrap())
         .unwrap();
@@ -223,13 +223,15 @@ async fn batches_run_disjoint_operations_concurrently() {
         for (i, out) in outs.iter().enumerate() {
             assert_eq!(out[..], expect[2 * i * 4096..(2 * i + 1) * 4096], "{kind}");
         }
+        let owner_view = buf.try_lock_local().unwrap();
         for (i, data) in ins.iter().enumerate() {
             assert_eq!(
-                buf[(2 * i + 1) * 4096..(2 * i + 2) * 4096],
+                owner_view[(2 * i + 1) * 4096..(2 * i + 2) * 4096],
                 data[..],
                 "{kind}"
             );
         }
+        drop(owner_view);
         // An out-of-range operation fails the batch before any transfer.
         let mut a = vec![0u8; 10];
         let mut b = vec![0u8; 10];
@@ -466,7 +468,7 @@ proptest! {
                 .tcp_chunk_bytes(std::num::NonZeroU32::new(4096).unwrap())).await;
             let len = 65_536usize;
             let mut model = pattern(len, 42);
-            let buf = p.owner.register(Memory::copy_from(&model).unwrap()).unwrap();
+            let mut buf = p.owner.register(Memory::copy_from(&model).unwrap()).unwrap();
             let h = buf.handle().clone();
             for (i, (write, offset, n, seed)) in ops.into_iter().enumerate() {
                 let kind = BACKENDS[i % 2];
@@ -492,7 +494,561 @@ proptest! {
                     }
                 }
             }
-            assert!(buf[..] == model[..]);
+            assert!(buf.try_lock_local().unwrap()[..] == model[..]);
         });
     }
+}
+
+/// Reads and writes `h` through `kind`; each result is `Ok` or the error.
+async fn peer_ops(
+    reader: &BufferManager,
+    h: &RemoteBuffer,
+    kind: BackendKind,
+) -> (Result<(), Error>, Result<(), Error>) {
+    reader.set_backend_policy(BackendPolicy::Only(kind));
+    let mut b = vec![0u8; 4096];
+    let read = reader.read_into(h, 0, &mut b).await;
+    let write = reader.write_from(h, 0, &b).await;
+    (read, write)
+}
+
+fn closed(r: &Result<(), Error>, write: bool) -> bool {
+    matches!(r, Err(Error::Closed { write: w, .. }) if *w == write)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_access_state_allows_what_it_says() {
+    let p = pair(ManagerConfig::default()).await;
+    let mut buf = p.owner.register_new(1 << 16).unwrap();
+    let h = buf.handle().clone();
+    assert_eq!(buf.access(), Access::Exposed);
+    // Exposed: no owner view; peers read and write.
+    assert!(matches!(buf.as_slice(), Err(Error::Access { .. })));
+    assert!(matches!(buf.as_mut_slice(), Err(Error::Access { .. })));
+    for kind in BACKENDS {
+        let (r, w) = peer_ops(&p.reader, &h, kind).await;
+        assert!(r.is_ok() && w.is_ok(), "{kind}: {r:?} {w:?}");
+    }
+    // ReadOnly: the owner reads; peers read, their writes are refused.
+    buf.set_access(Access::ReadOnly).await.unwrap();
+    assert_eq!(buf.as_slice().unwrap().len(), 1 << 16);
+    assert!(matches!(buf.as_mut_slice(), Err(Error::Access { .. })));
+    for kind in BACKENDS {
+        let (r, w) = peer_ops(&p.reader, &h, kind).await;
+        assert!(r.is_ok(), "{kind}: {r:?}");
+        assert!(closed(&w, true), "{kind}: {w:?}");
+        assert!(!w.unwrap_err().is_invalidated());
+    }
+    // Local: the owner reads and writes; every peer operation is refused.
+    buf.set_access(Access::Local).await.unwrap();
+    buf.as_mut_slice().unwrap()[..4].copy_from_slice(b"mine");
+    for kind in BACKENDS {
+        let (r, w) = peer_ops(&p.reader, &h, kind).await;
+        assert!(closed(&r, false), "{kind}: {r:?}");
+        assert!(closed(&w, true), "{kind}: {w:?}");
+    }
+    // Reopened: the same handle works again and sees the owner's bytes.
+    buf.set_access(Access::Exposed).await.unwrap();
+    for kind in BACKENDS {
+        p.reader.set_backend_policy(BackendPolicy::Only(kind));
+        let mut b = [0u8; 4];
+        p.reader.read_into(&h, 0, &mut b).await.unwrap();
+        assert_eq!(&b, b"mine", "{kind}");
+    }
+    // A guard closes the buffer while it lives and restores the access
+    // it found.
+    buf.set_access(Access::ReadOnly).await.unwrap();
+    {
+        let mut g = buf.lock_local().await.unwrap();
+        g[..4].copy_from_slice(b"held");
+        let (r, _) = peer_ops(&p.reader, &h, BackendKind::Shm).await;
+        assert!(closed(&r, false), "{r:?}");
+    }
+    assert_eq!(buf.access(), Access::ReadOnly);
+    assert_eq!(&buf.as_slice().unwrap()[..4], b"held");
+    // Registered Local to begin with: closed from the start.
+    let local = p
+        .owner
+        .register_with(Memory::allocate(4096).unwrap(), Access::Local)
+        .unwrap();
+    let (r, w) = peer_ops(&p.reader, local.handle(), BackendKind::Shm).await;
+    assert!(closed(&r, false) && closed(&w, true), "{r:?} {w:?}");
+}
+
+/// The reader's mapping of `h`, through which a test holds slots as a
+/// peer's copy in flight would.
+fn peer_segment(reader: &BufferManager, h: &RemoteBuffer) -> Arc<crate::shm::PeerSegment> {
+    reader.peer_segments().get(h).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_waits_for_peer_copies_in_flight_and_only_for_those_it_forbids() {
+    use crate::access::Kind;
+    let p = pair(ManagerConfig::default().access_timeout(Duration::from_millis(300))).await;
+    let mut buf = p.owner.register_new(1 << 16).unwrap();
+    let h = buf.handle().clone();
+    let segment = peer_segment(&p.reader, &h);
+    let me = std::process::id();
+
+    // A read in flight: ReadOnly does not wait for it, Local does.
+    let read = segment.enter(Kind::Read).unwrap().expect("a free slot");
+    buf.try_set_access(Access::ReadOnly).unwrap();
+    let e = buf.try_set_access(Access::Local).unwrap_err();
+    assert!(
+        matches!(&e, Error::Busy { pids, .. } if pids == &[me]),
+        "{e}"
+    );
+    assert_eq!(
+        buf.access(),
+        Access::ReadOnly,
+        "a busy close keeps the access"
+    );
+    // With a deadline: Busy once it passed, not before.
+    let t = std::time::Instant::now();
+    let e = buf.set_access(Access::Local).await.unwrap_err();
+    assert!(matches!(e, Error::Busy { .. }), "{e}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(buf.access(), Access::ReadOnly);
+    // A close given up (its future dropped) leaves the access as it was.
+    {
+        let closing = buf.set_access(Access::Local);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), closing)
+                .await
+                .is_err()
+        );
+    }
+    assert_eq!(buf.access(), Access::ReadOnly);
+    let again = segment.enter(Kind::Read).unwrap();
+    assert!(again.is_some(), "peers read again after a cancelled close");
+    drop(again);
+    // New peer copies are refused while the owner waits; the wait ends
+    // when the copy in flight does.
+    {
+        let closing = buf.set_access(Access::Local);
+        tokio::pin!(closing);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut closing)
+                .await
+                .is_err(),
+            "closed while a read was copying"
+        );
+        assert!(matches!(
+            segment.enter(Kind::Read),
+            Err(Error::Closed { .. })
+        ));
+        drop(read);
+        tokio::time::timeout(Duration::from_secs(10), closing)
+            .await
+            .expect("the close ends once the copy does")
+            .unwrap();
+    }
+    assert_eq!(buf.access(), Access::Local);
+
+    // A write in flight: ReadOnly waits for it. Widening never waits, even
+    // for a slot a refused peer holds for a moment.
+    buf.set_access(Access::Exposed).await.unwrap();
+    let write = segment.enter(Kind::Write).unwrap().expect("a free slot");
+    let e = buf.try_set_access(Access::ReadOnly).unwrap_err();
+    assert!(matches!(e, Error::Busy { .. }), "{e}");
+    drop(write);
+    buf.try_set_access(Access::Local).unwrap();
+    let gate = buf.region_gate();
+    let refused = gate.enter(Kind::Write);
+    assert!(refused.is_err());
+    drop(refused);
+    buf.try_set_access(Access::ReadOnly).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_of_dead_processes_are_freed_and_live_ones_waited_for() {
+    use std::sync::atomic::Ordering;
+    let p = pair(ManagerConfig::default()).await;
+    let mut buf = p.owner.register_new(4096).unwrap();
+    // A process that has exited (and was reaped) held a write slot.
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    // A live process holds another.
+    let mut live = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let live_pid = live.id();
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let gate = buf.region_gate();
+    gate.slots[7].store((u64::from(dead_pid) << 32) | 2, Ordering::SeqCst);
+    gate.slots[9].store((u64::from(live_pid) << 32) | 1, Ordering::SeqCst);
+    let e = buf.try_set_access(Access::Local).unwrap_err();
+    assert!(
+        matches!(&e, Error::Busy { pids, .. } if pids == &[live_pid]),
+        "{e}"
+    );
+    assert_eq!(
+        buf.region_gate().slots[7].load(Ordering::SeqCst),
+        0,
+        "dead slot freed"
+    );
+    // Killed but not yet reaped counts as gone too.
+    live.kill().unwrap();
+    let live = Reap(live);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while buf.try_set_access(Access::Local).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the killed process's slot stays"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(live);
+    assert_eq!(buf.region_gate().slots[9].load(Ordering::SeqCst), 0);
+}
+
+/// Peers write a pattern in a loop through shm and tcp while the owner
+/// holds the buffer locally, round after round: no byte of theirs lands
+/// while the owner holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_never_touch_a_buffer_the_owner_holds() {
+    let p = pair(
+        ManagerConfig::default().tcp_chunk_bytes(std::num::NonZeroU32::new(64 << 10).unwrap()),
+    )
+    .await;
+    let len = 1 << 20;
+    let mut buf = p.owner.register_new(len).unwrap();
+    let h = buf.handle().clone();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for kind in BACKENDS {
+        let writer = BufferManager::start(
+            ManagerConfig::default()
+                .backend(BackendPolicy::Only(kind))
+                .tcp_chunk_bytes(std::num::NonZeroU32::new(64 << 10).unwrap()),
+            p.ca.issue(&pid(&format!("writer-{kind}"))).unwrap(),
+        )
+        .await
+        .unwrap();
+        let h = h.clone();
+        let stop = stop.clone();
+        writers.push(tokio::spawn(async move {
+            let (mut done, mut refused) = (0u32, 0u32);
+            let data = vec![0xEE; h.len_bytes() as usize];
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match writer.write_from(&h, 0, &data).await {
+                    Ok(()) => done += 1,
+                    // Also when the close lands mid-operation: the rest
+                    // of the bytes are dropped, and the write says so.
+                    Err(Error::Closed { .. }) => refused += 1,
+                    Err(e) => panic!("{kind}: {e}"),
+                }
+                tokio::task::yield_now().await;
+            }
+            (kind, done, refused)
+        }));
+    }
+    for round in 0..40u8 {
+        {
+            let mut g = buf.lock_local().await.unwrap();
+            g.fill(round);
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            let stray = g.iter().position(|&b| b != round);
+            assert_eq!(stray, None, "round {round}: a peer wrote a held buffer");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for w in writers {
+        let (kind, done, refused) = w.await.unwrap();
+        eprintln!("{kind}: {done} writes, {refused} refused");
+        assert!(refused > 0, "{kind}: never refused, the test did not race");
+    }
+}
+
+/// Waits until `cond` holds, or panics with `what` after `within`.
+async fn until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A cluster member's raw client config for the payload server, with or
+/// without our ALPN.
+fn member_config(ca: &ClusterCa, name: &str, alpn: bool) -> rustls::ClientConfig {
+    let mut config = ca.issue(&pid(name)).unwrap().client_config().unwrap();
+    config.alpn_protocols = if alpn {
+        vec![ALPN.to_vec()]
+    } else {
+        Vec::new()
+    };
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tcp_server_gives_up_on_a_reader_that_stops_reading() {
+    use crate::tcp::wire::{Op as WireOp, Request};
+    let op_timeout = Duration::from_secs(1);
+    let p = pair(ManagerConfig::default().op_timeout(op_timeout)).await;
+    let len = 32 << 20;
+    let buf = p.owner.register_new(len).unwrap();
+    let h = buf.handle().clone();
+    let mut tls = raw_tls_client(
+        h.tcp().unwrap().addr,
+        &pid("owner"),
+        member_config(&p.ca, "stalled", true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(hello(&mut tls, "stalled").await.unwrap(), 0);
+    assert_eq!(p.owner.tcp_load().serving, 1);
+    // Ask for 32 MiB and read none of it: the server fills the socket
+    // buffers and its send stalls.
+    let req = Request {
+        op: WireOp::Read,
+        len_bytes: len as u32,
+        buffer: h.id(),
+        offset: 0,
+        token: h.token(),
+    };
+    tls.write_all(&req.encode()).await.unwrap();
+    tls.flush().await.unwrap();
+    let sent = std::time::Instant::now();
+    until(
+        Duration::from_secs(30),
+        "the server still waits on the stalled reader",
+        || p.owner.tcp_load().connections == 0,
+    )
+    .await;
+    let after = sent.elapsed();
+    assert!(
+        after >= op_timeout / 2,
+        "dropped after {after:?}, before its deadline"
+    );
+    // What the socket held arrives, then the end: never the 32 MiB.
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), tls.read_to_end(&mut got)).await;
+    assert!(got.len() < len, "the whole read arrived");
+}
+
+/// Sends a partial TLS record from `source` and stalls: a handshake that
+/// never ends.
+async fn stalled_handshake(addr: std::net::SocketAddr, source: [u8; 4]) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .unwrap();
+    let mut tcp = socket.connect(addr).await.unwrap();
+    tcp.write_all(&[0x16, 0x03, 0x01, 0x00]).await.unwrap();
+    tcp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_are_bounded_per_address_and_by_a_deadline() {
+    let handshake_timeout = Duration::from_millis(1500);
+    let p = pair(
+        ManagerConfig::default()
+            .tcp_max_handshakes_per_addr(std::num::NonZeroU32::new(2).unwrap())
+            .tcp_max_handshakes(std::num::NonZeroU32::new(4).unwrap())
+            .tcp_handshake_timeout(handshake_timeout)
+            .backend(BackendPolicy::Only(BackendKind::Tcp)),
+    )
+    .await;
+    let buf = p.owner.register_new(4096).unwrap();
+    let h = buf.handle().clone();
+    let addr = h.tcp().unwrap().addr;
+    // Two handshakes from 127.0.0.1 that never end fill its share.
+    let mut stalled = vec![
+        stalled_handshake(addr, [127, 0, 0, 1]).await,
+        stalled_handshake(addr, [127, 0, 0, 1]).await,
+    ];
+    until(
+        Duration::from_secs(10),
+        "the stalled handshakes started",
+        || p.owner.tcp_load().handshaking == 2,
+    )
+    .await;
+    let started = std::time::Instant::now();
+    // A third from the same address is refused at once...
+    let mut b = vec![0u8; 16];
+    let e = p.reader.read_into(&h, 0, &mut b).await.unwrap_err();
+    assert!(
+        matches!(e, Error::Refused { .. } | Error::Link { .. }),
+        "{e}"
+    );
+    // ...one from another address is served...
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(([127, 0, 0, 2], 0).into()).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
+    let name = ServerName::try_from("owner".to_owned()).unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(member_config(&p.ca, "other", true)))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    assert_eq!(hello(&mut tls, "other").await.unwrap(), 0);
+    // ...and once the stalled ones reach their deadline, so is 127.0.0.1.
+    until(
+        Duration::from_secs(30),
+        "stalled handshakes outlived their deadline",
+        || p.owner.tcp_load().handshaking == 0,
+    )
+    .await;
+    assert!(started.elapsed() < handshake_timeout * 4);
+    for s in &mut stalled {
+        let mut rest = Vec::new();
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(n, Ok(Ok(0)) | Ok(Err(_))),
+            "the server closed it: {n:?}"
+        );
+    }
+    p.reader.read_into(&h, 0, &mut b).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_offering_no_alpn_is_refused() {
+    let p = pair(ManagerConfig::default()).await;
+    let buf = p.owner.register_new(4096).unwrap();
+    let addr = buf.handle().tcp().unwrap().addr;
+    let owner = pid("owner");
+    match raw_tls_client(addr, &owner, member_config(&p.ca, "plain", false)).await {
+        Err(_) => {}
+        Ok(mut tls) => assert!(
+            hello(&mut tls, "plain").await.is_err(),
+            "served a client that offered no ALPN"
+        ),
+    }
+    // The same member with the ALPN is served.
+    let mut tls = raw_tls_client(addr, &owner, member_config(&p.ca, "plain", true))
+        .await
+        .unwrap();
+    assert_eq!(hello(&mut tls, "plain").await.unwrap(), 0);
+}
+
+/// shm copies above `shm_blocking_bytes` leave the worker on a
+/// multi-thread runtime and go in yielding pieces on a current-thread one;
+/// either way every byte lands, in both directions, over many chunks.
+fn shm_copies_are_whole(rt: tokio::runtime::Runtime) {
+    rt.block_on(async {
+        let p = pair(
+            ManagerConfig::default()
+                .backend(BackendPolicy::Only(BackendKind::Shm))
+                .shm_blocking_bytes(1 << 20)
+                .shm_chunk_bytes(std::num::NonZeroU32::new(3 << 20).unwrap()),
+        )
+        .await;
+        let len = 20 << 20;
+        let data = pattern(len, 5);
+        let mut buf = p.owner.register(Memory::copy_from(&data).unwrap()).unwrap();
+        let h = buf.handle().clone();
+        let mut got = vec![0u8; len - 3];
+        p.reader.read_into(&h, 3, &mut got).await.unwrap();
+        assert!(got[..] == data[3..]);
+        let new = pattern(len - 7, 9);
+        p.reader.write_from(&h, 7, &new).await.unwrap();
+        assert!(buf.try_lock_local().unwrap()[7..] == new[..]);
+        // Below the threshold: inline, one chunk.
+        let mut small = vec![0u8; 1000];
+        p.reader.read_into(&h, 7, &mut small).await.unwrap();
+        assert!(small[..] == new[..1000]);
+    });
+}
+
+#[test]
+fn shm_copies_are_whole_on_a_multi_thread_runtime() {
+    shm_copies_are_whole(runtime());
+}
+
+#[test]
+fn shm_copies_are_whole_on_a_current_thread_runtime() {
+    shm_copies_are_whole(
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_beyond_the_table_evict_the_oldest() {
+    let p = pair(
+        ManagerConfig::default()
+            .tcp_max_silent(std::num::NonZeroU32::new(8).unwrap())
+            .backend(BackendPolicy::Only(BackendKind::Tcp)),
+    )
+    .await;
+    let buf = p.owner.register_new(4096).unwrap();
+    let h = buf.handle().clone();
+    let addr = h.tcp().unwrap().addr;
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    until(
+        Duration::from_secs(10),
+        "the silent table stays bounded",
+        || {
+            let load = p.owner.tcp_load();
+            load.silent == 8 && load.connections == 8
+        },
+    )
+    .await;
+    // The oldest twelve were dropped (the server closed them)...
+    for s in &mut silent[..12] {
+        let mut rest = Vec::new();
+        let r = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+        assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "{r:?}");
+    }
+    // ...and a reader still gets in: it evicts one more silent connection.
+    let mut b = vec![0u8; 16];
+    p.reader.read_into(&h, 0, &mut b).await.unwrap();
+    let load = p.owner.tcp_load();
+    assert_eq!((load.serving, load.silent), (1, 7), "{load:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_made_after_the_owner_closed_is_not_waited_for() {
+    use crate::access::Kind;
+    use std::sync::atomic::Ordering;
+    let p = pair(ManagerConfig::default().access_timeout(Duration::from_secs(20))).await;
+    let mut buf = p.owner.register_new(1 << 16).unwrap();
+    let h = buf.handle().clone();
+    let segment = peer_segment(&p.reader, &h);
+    let in_flight = segment.enter(Kind::Read).unwrap().expect("a free slot");
+    let closing = buf.set_access(Access::Local);
+    tokio::pin!(closing);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut closing)
+            .await
+            .is_err()
+    );
+    // A peer claims a slot now, after the owner stored Local, and is
+    // preempted before it reads the state: it will refuse, never copy. The
+    // owner must not wait for it (a stream of such retries would starve it).
+    let late = segment
+        .slots()
+        .iter()
+        .find(|s| s.load(Ordering::SeqCst) == 0)
+        .expect("a free slot");
+    late.store(
+        (u64::from(std::process::id()) << 32) | (12_345 << 2) | 1,
+        Ordering::SeqCst,
+    );
+    drop(in_flight);
+    let t = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(15), closing)
+        .await
+        .expect("the owner waited for a claim made after it closed")
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    late.store(0, Ordering::SeqCst);
 }

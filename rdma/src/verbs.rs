@@ -79,7 +79,11 @@ mod imp {
                 reason: available().err().unwrap_or_default(),
             })
         }
-        pub(crate) fn register(&self, _region: &Region) -> Result<MemoryRegion, Error> {
+        pub(crate) fn register(
+            &self,
+            _region: &Region,
+            _access: crate::Access,
+        ) -> Result<MemoryRegion, Error> {
             match *self {}
         }
         pub(crate) fn new_qp(&self) -> Result<(QueuePair, QpEndpoint), Error> {
@@ -219,19 +223,29 @@ mod imp {
             })
         }
 
-        /// Registers a region's data for local write and remote read and
-        /// write.
-        pub(crate) fn register(&self, region: &Region) -> Result<MemoryRegion, Error> {
+        /// Registers a region's data for local write, and for what `access`
+        /// lets peers do: remote read and write (`Exposed`), remote read
+        /// (`ReadOnly`), nothing remote (`Local`). A peer's RDMA beyond that
+        /// fails at its NIC with a remote access error.
+        pub(crate) fn register(
+            &self,
+            region: &Region,
+            access: crate::Access,
+        ) -> Result<MemoryRegion, Error> {
+            let flags = match access {
+                crate::Access::Exposed => {
+                    AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead
+                }
+                crate::Access::ReadOnly => AccessFlags::LocalWrite | AccessFlags::RemoteRead,
+                crate::Access::Local => AccessFlags::LocalWrite,
+            };
             // SAFETY: the data pointer is valid for `len_bytes` for as long as
             // the region is mapped; the manager keeps the `Region` (an `Arc`)
             // alive for longer than the memory region, which is dropped
             // (deregistered) first when the buffer is released.
             let mr = unsafe {
-                self.pd.reg_mr(
-                    region.data_ptr() as usize,
-                    region.len_bytes(),
-                    AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead,
-                )
+                self.pd
+                    .reg_mr(region.data_ptr() as usize, region.len_bytes(), flags)
             }
             .map_err(|e| verbs_err("register memory")(e.to_string()))?;
             Ok(MemoryRegion(mr))

@@ -4,8 +4,10 @@
 //! one-sidedly through shm and tcp, random ranges against a model, disjoint
 //! concurrent operations, release, an owner stopped (shm still works, tcp
 //! times out) and killed mid-transfer (an error within a deadline and no
-//! leaked segment), and the tcp backend refusing clients without a cluster
-//! certificate.
+//! leaked segment), the tcp backend refusing clients without a cluster
+//! certificate or without its ALPN, an owner closing its buffer to other
+//! processes (refused operations, no stray bytes in a held buffer), and a
+//! reader served while idle connections flood the owner's tcp port.
 //!
 //! Every spawned process is killed and reaped by [`Peer`]'s `Drop`, also
 //! when a test fails. Deadlines are generous (2-core CI machines).
@@ -22,8 +24,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use regent_net::{ClusterCa, ProcCredentials, ProcId};
 use regent_rdma::{
-    BackendKind, BackendPolicy, BufferManager, Error, MEMFD_NAME_PREFIX, ManagerConfig,
-    RemoteBuffer,
+    Access, BackendKind, BackendPolicy, BufferManager, Error, MEMFD_NAME_PREFIX, ManagerConfig,
+    Memory, RemoteBuffer,
 };
 use regent_tests::peers::rdma::{fill, unhex};
 use regent_tests::tempdir::TempDir;
@@ -214,14 +216,18 @@ async fn a_gibibyte_moves_one_sidedly_through_shm_and_tcp() {
         reader.backend_for(&handle).expect("a backend"),
         BackendKind::Shm
     );
-    let mut local = reader.register_new(GIB).expect("local buffer");
+    // The reader's own buffer, closed to its peers: only it touches it.
+    let mut local = reader
+        .register_with(Memory::allocate(GIB).expect("memory"), Access::Local)
+        .expect("local buffer");
+    let local = local.as_mut_slice().expect("a Local buffer's bytes");
     let mut expect = pattern(GIB, 1);
     for kind in [BackendKind::Shm, BackendKind::Tcp] {
         reader.set_backend_policy(BackendPolicy::Only(kind));
         local.fill(0);
         let t = Instant::now();
         reader
-            .read_into(&handle, 0, &mut local)
+            .read_into(&handle, 0, local)
             .await
             .unwrap_or_else(|e| panic!("{kind} read: {e}"));
         eprintln!("{kind}: read 1 GiB in {:?}", t.elapsed());
@@ -229,10 +235,10 @@ async fn a_gibibyte_moves_one_sidedly_through_shm_and_tcp() {
     }
     for (kind, seed) in [(BackendKind::Shm, 2), (BackendKind::Tcp, 3)] {
         reader.set_backend_policy(BackendPolicy::Only(kind));
-        fill(&mut local, seed);
+        fill(local, seed);
         let t = Instant::now();
         reader
-            .write_from(&handle, 0, &local)
+            .write_from(&handle, 0, local)
             .await
             .unwrap_or_else(|e| panic!("{kind} write: {e}"));
         eprintln!("{kind}: wrote 1 GiB in {:?}", t.elapsed());
@@ -494,7 +500,9 @@ async fn an_owner_killed_mid_transfer_fails_fast_and_leaks_no_segment() {
     )
     .await;
     let len = 256 * MIB;
-    let mut local = reader.register_new(len).expect("local buffer");
+    let mut local = reader
+        .register_with(Memory::allocate(len).expect("memory"), Access::Local)
+        .expect("local buffer");
     for kind in [BackendKind::Shm, BackendKind::Tcp] {
         reader.set_backend_policy(BackendPolicy::Only(kind));
         let mut peer = Peer::spawn(&ca, "owner").await;
@@ -508,7 +516,7 @@ async fn an_owner_killed_mid_transfer_fails_fast_and_leaks_no_segment() {
             let reader = reader.clone();
             let done = done.clone();
             let handle = handle.clone();
-            let local = &mut local;
+            let local = local.as_mut_slice().expect("a Local buffer's bytes");
             async move {
                 let mut killed_rx = killed_rx;
                 let mut killed_at = None;
@@ -639,6 +647,18 @@ async fn the_tcp_backend_refuses_clients_without_a_cluster_certificate() {
         r.is_err(),
         "another cluster's certificate was served: {r:?}"
     );
+    // A member of the cluster that offers no ALPN is not speaking this
+    // protocol: refused.
+    let mut plain = ca
+        .issue(&pid("reader"))
+        .expect("issue")
+        .client_config()
+        .expect("config");
+    plain.alpn_protocols.clear();
+    let r = tokio::time::timeout(DEADLINE, connect(plain))
+        .await
+        .expect("no hang");
+    assert!(r.is_err(), "a client offering no ALPN was served: {r:?}");
     // Through the manager: a stranger's reader is refused with a clear
     // error, a cluster member's reader is served.
     let outsider = BufferManager::start(
@@ -664,4 +684,168 @@ async fn the_tcp_backend_refuses_clients_without_a_cluster_certificate() {
         .await
         .expect("a member is served");
     assert!(b[..] == pattern(MIB, 8)[..4096]);
+}
+
+/// Reads and writes 4 KiB of `h` through `kind`.
+async fn peer_ops(
+    reader: &BufferManager,
+    h: &RemoteBuffer,
+    kind: BackendKind,
+) -> (Result<(), Error>, Result<(), Error>) {
+    reader.set_backend_policy(BackendPolicy::Only(kind));
+    let mut b = vec![0u8; 4096];
+    let read = reader.read_into(h, 0, &mut b).await;
+    let write = reader.write_from(h, 0, &b).await;
+    (read, write)
+}
+
+fn closed(r: &Result<(), Error>, write: bool) -> bool {
+    matches!(r, Err(Error::Closed { write: w, .. }) if *w == write)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_closes_its_buffer_to_other_processes() {
+    let ca = ClusterCa::generate("rdma suite").expect("CA");
+    let mut peer = Peer::spawn(&ca, "owner").await;
+    let reader = reader(&ca, "reader", ManagerConfig::default()).await;
+    let (id, handle) = peer.alloc(4 * MIB, 2).await;
+    let both = [BackendKind::Shm, BackendKind::Tcp];
+    assert_eq!(
+        peer.command(&format!("access {id} readonly")).await,
+        format!("ACCESS {id} ReadOnly")
+    );
+    for kind in both {
+        let (r, w) = peer_ops(&reader, &handle, kind).await;
+        assert!(r.is_ok(), "{kind}: {r:?}");
+        assert!(closed(&w, true), "{kind}: {w:?}");
+    }
+    assert_eq!(
+        peer.command(&format!("access {id} local")).await,
+        format!("ACCESS {id} Local")
+    );
+    for kind in both {
+        let (r, w) = peer_ops(&reader, &handle, kind).await;
+        assert!(closed(&r, false) && closed(&w, true), "{kind}: {r:?} {w:?}");
+    }
+    assert_eq!(
+        peer.command(&format!("access {id} exposed")).await,
+        format!("ACCESS {id} Exposed")
+    );
+    for kind in both {
+        let (r, w) = peer_ops(&reader, &handle, kind).await;
+        assert!(r.is_ok() && w.is_ok(), "{kind}: {r:?} {w:?}");
+    }
+
+    // Writers of this process hammer the buffer through shm and tcp while
+    // the owner holds it, round after round: none of their bytes land in
+    // a held buffer.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for kind in both {
+        let writer = self::reader(
+            &ca,
+            &format!("writer-{kind}"),
+            ManagerConfig::default()
+                .backend(BackendPolicy::Only(kind))
+                .tcp_chunk_bytes(std::num::NonZeroU32::new(256 << 10).expect("nonzero")),
+        )
+        .await;
+        let handle = handle.clone();
+        let stop = stop.clone();
+        writers.push(tokio::spawn(async move {
+            let data = vec![0xEE; 4 * MIB];
+            let (mut done, mut refused) = (0u32, 0u32);
+            while !stop.load(Ordering::SeqCst) {
+                match writer.write_from(&handle, 0, &data).await {
+                    Ok(()) => done += 1,
+                    Err(Error::Closed { .. }) => refused += 1,
+                    Err(e) => panic!("{kind}: {e}"),
+                }
+                tokio::task::yield_now().await;
+            }
+            (kind, done, refused)
+        }));
+    }
+    for round in 0..10 {
+        assert_eq!(
+            peer.command(&format!("hold {id} {} 50", 100 + round)).await,
+            "INTACT",
+            "round {round}: a peer's bytes landed in a held buffer"
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    for w in writers {
+        let (kind, done, refused) = tokio::time::timeout(DEADLINE, w)
+            .await
+            .expect("writers stop")
+            .expect("writer");
+        eprintln!("{kind}: {done} writes, {refused} refused");
+        assert!(refused > 0, "{kind}: never refused, the test did not race");
+    }
+}
+
+/// Connections that send nothing, from `source`, to `addr`.
+async fn idle_connections(
+    addr: std::net::SocketAddr,
+    source: [u8; 4],
+    n: usize,
+) -> Vec<tokio::net::TcpStream> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(std::net::SocketAddr::from((source, 0)))
+            .expect("bind");
+        conns.push(socket.connect(addr).await.expect("connect"));
+    }
+    conns
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_is_served_during_a_flood_of_idle_connections() {
+    use tokio::io::AsyncReadExt as _;
+    let ca = ClusterCa::generate("rdma suite").expect("CA");
+    let mut peer = Peer::spawn(&ca, "owner").await;
+    let (_, handle) = peer.alloc(MIB, 8).await;
+    let addr = handle.tcp().expect("tcp descriptor").addr;
+    // The owner's defaults: a 3 s handshake deadline, 256 clients. More
+    // idle connections than that, from the reader's own address and from
+    // others, none sending a byte.
+    let handshake_timeout = ManagerConfig::default().tcp_handshake_timeout;
+    let mut flood = idle_connections(addr, [127, 0, 0, 1], 400).await;
+    for last in 2..6u8 {
+        flood.extend(idle_connections(addr, [127, 0, 0, last], 100).await);
+    }
+    let reader = reader(
+        &ca,
+        "reader",
+        ManagerConfig::default().backend(BackendPolicy::Only(BackendKind::Tcp)),
+    )
+    .await;
+    let t = Instant::now();
+    let mut b = vec![0u8; 4096];
+    tokio::time::timeout(handshake_timeout / 3, reader.read_into(&handle, 0, &mut b))
+        .await
+        .expect("served within a third of the handshake deadline")
+        .expect("a member is served during the flood");
+    eprintln!(
+        "served in {:?} during a flood of {}",
+        t.elapsed(),
+        flood.len()
+    );
+    assert!(b[..] == pattern(MIB, 8)[..4096]);
+    // The server closes every idle connection by its handshake deadline.
+    let t = Instant::now();
+    for c in &mut flood {
+        let mut rest = Vec::new();
+        let r = tokio::time::timeout(DEADLINE, c.read_to_end(&mut rest))
+            .await
+            .expect("the server closes an idle connection");
+        assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    }
+    assert!(
+        t.elapsed() < handshake_timeout * 5,
+        "idle connections lived {:?}",
+        t.elapsed()
+    );
 }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! hello    client -> server  "RGR1" | id_len u8 | proc id (1..=63 bytes)
-//! welcome  server -> client  status u8 (0 accepted, 1 identity refused)
+//! welcome  server -> client  status u8 (0 accepted, 1 identity refused, 2 server full)
 //! request  client -> server  op u8 | 0 0 0 | len u32 | buffer u64 | offset u64 | token [16]
 //!                            (a write is followed by len bytes)
 //! response server -> client  status u8 | 0 0 0 | len u32
@@ -23,6 +23,7 @@ pub(crate) const REQUEST_BYTES: usize = 40;
 pub(crate) const RESPONSE_BYTES: usize = 8;
 pub(crate) const WELCOME_OK: u8 = 0;
 pub(crate) const WELCOME_REFUSED: u8 = 1;
+pub(crate) const WELCOME_BUSY: u8 = 2;
 
 /// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +97,9 @@ pub(crate) enum Status {
     TooLarge = 3,
     Unsupported = 4,
     Failed = 5,
+    /// The owner closed the buffer to this operation for now (its access
+    /// is `Local`, or `ReadOnly` for a write).
+    Closed = 6,
 }
 
 /// A response header.
@@ -121,6 +125,7 @@ impl Response {
             3 => Status::TooLarge,
             4 => Status::Unsupported,
             5 => Status::Failed,
+            6 => Status::Closed,
             other => return Err(format!("unknown status {other}")),
         };
         if b[1..4] != [0, 0, 0] {

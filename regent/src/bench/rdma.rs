@@ -7,7 +7,11 @@
 //!   of this process (`memcpy_<size>`);
 //! - `tcp_{read,write}_<size>_vs_raw` against a raw loopback TCP stream of
 //!   the same size between the same two processes, plain tokio sockets
-//!   (`tcp_raw_{read,write}_<size>`).
+//!   (`tcp_raw_{read,write}_<size>`);
+//! - `ctrl_rtt_during_1GiB_copy` (also with `--quick`): the longest
+//!   control round trip (a small TCP echo on the reader's runtime) while a
+//!   task of that runtime reads 1 GiB through shm, against the longest over
+//!   an idle window of the same length (`ctrl_rtt_idle`); see [`ctrl_rtt`].
 //!
 //! The peer is this binary again (`regent bench-rdma-peer`, hidden): it
 //! owns the buffers and serves a raw TCP sink and source. This process is
@@ -17,22 +21,27 @@
 //! that all see the same load on a shared machine.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use regent_net::{ClusterCa, ProcCredentials, ProcId};
 use regent_rdma::{
-    BackendKind, BackendPolicy, BufferManager, LocalBuffer, ManagerConfig, Memory, RemoteBuffer,
+    Access, BackendKind, BackendPolicy, BufferManager, LocalBuffer, ManagerConfig, Memory,
+    RemoteBuffer,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::peer::Peer;
-use super::{BenchOptions, Figure, Report, median};
+use super::{BenchOptions, Figure, Report, median, micros};
 
 const SUITE: &str = "rdma";
 const OWNER: &str = "bench-owner";
 const READER: &str = "bench-reader";
+/// The reader of the control round-trip figure, on a runtime of its own.
+const CTRL_READER: &str = "bench-ctrl-reader";
 const DEADLINE: Duration = Duration::from_secs(120);
 const MIB: usize = 1 << 20;
 /// Rounds that interleave figures and baselines.
@@ -116,12 +125,10 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
 
     for &bytes in sizes {
         let name = size_name(bytes);
-        let answer = peer.ask(&format!("alloc {bytes}")).await?;
-        let handle = match answer.split_whitespace().collect::<Vec<_>>()[..] {
-            ["HANDLE", h] => RemoteBuffer::decode(&unhex(h)?)?,
-            _ => bail!("unexpected peer answer {answer:?}"),
-        };
-        let mut local = reader.register(Memory::allocate(bytes)?)?;
+        let handle = alloc(&mut peer, bytes).await?;
+        // The reader's own buffer: registered, and closed to its peers
+        // while it is the local side of transfers.
+        let mut local = reader.register_with(Memory::allocate(bytes)?, Access::Local)?;
         let mut src = Memory::allocate(bytes)?;
         src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
         let n = ops_per_round(bytes, opts.quick);
@@ -139,15 +146,16 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         for (kind, write, _) in &figures {
             transfer(&reader, &handle, *kind, *write, &mut local).await?;
         }
-        raw_transfer(&mut raw, false, &mut local).await?;
-        raw_transfer(&mut raw, true, &mut local).await?;
+        raw_transfer(&mut raw, false, local.as_mut_slice()?).await?;
+        raw_transfer(&mut raw, true, local.as_mut_slice()?).await?;
         for _ in 0..ROUNDS {
+            let dst = local.as_mut_slice()?;
             for _ in 0..n {
                 let t = Instant::now();
-                local.copy_from_slice(&src);
+                dst.copy_from_slice(&src);
                 memcpy.0.push(t.elapsed());
             }
-            std::hint::black_box(&local[..]);
+            std::hint::black_box(&dst[..]);
             for (kind, write, samples) in &mut figures {
                 for _ in 0..n {
                     let t = Instant::now();
@@ -162,7 +170,7 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
                     };
                     for _ in 0..n {
                         let t = Instant::now();
-                        raw_transfer(&mut raw, *write, &mut local).await?;
+                        raw_transfer(&mut raw, *write, local.as_mut_slice()?).await?;
                         raw_samples.0.push(t.elapsed());
                     }
                 }
@@ -196,13 +204,159 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
                 );
             }
         }
-        let id = handle.id().0;
-        let answer = peer.ask(&format!("release {id}")).await?;
-        if answer != format!("RELEASED {id}") {
-            bail!("unexpected peer answer {answer:?}");
-        }
+        release(&mut peer, &handle).await?;
+    }
+    ctrl_rtt(&ca, &mut peer, opts.quick, report).await?;
+    Ok(())
+}
+
+async fn alloc(peer: &mut Peer, bytes: usize) -> anyhow::Result<RemoteBuffer> {
+    let answer = peer.ask(&format!("alloc {bytes}")).await?;
+    match answer.split_whitespace().collect::<Vec<_>>()[..] {
+        ["HANDLE", h] => Ok(RemoteBuffer::decode(&unhex(h)?)?),
+        _ => bail!("unexpected peer answer {answer:?}"),
+    }
+}
+
+async fn release(peer: &mut Peer, handle: &RemoteBuffer) -> anyhow::Result<()> {
+    let id = handle.id().0;
+    let answer = peer.ask(&format!("release {id}")).await?;
+    if answer != format!("RELEASED {id}") {
+        bail!("unexpected peer answer {answer:?}");
     }
     Ok(())
+}
+
+/// The bytes of the copy that the control round trip is measured during.
+const CTRL_COPY_BYTES: usize = 1 << 30;
+/// The control message: a small echo, like a heartbeat.
+const CTRL_MSG_BYTES: usize = 64;
+
+/// `ctrl_rtt_during_1GiB_copy`: the longest round trip of a 64-byte TCP
+/// echo while a task of the same runtime reads 1 GiB through shm, against
+/// the longest round trip over an idle window as long as the copy took.
+/// Each round measures both; the figure is the median over rounds.
+///
+/// The echo's server and client, the copying task and a reader's buffer
+/// manager of their own run on a runtime with one worker thread: a proc's
+/// heartbeats and handlers share its workers, and with one the effect of a
+/// copy that holds a worker cannot hide behind work stealing (it shows as a
+/// round trip of a whole chunk's copy time, tens of milliseconds).
+async fn ctrl_rtt(
+    ca: &ClusterCa,
+    peer: &mut Peer,
+    quick: bool,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let rounds = if quick { 3 } else { 7 };
+    let handle = alloc(peer, CTRL_COPY_BYTES).await?;
+    let creds = ca.issue(&ProcId::new(CTRL_READER)?)?;
+    let remote = handle.clone();
+    let (mut during, mut idle) = tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?
+            .block_on(ctrl_rounds(creds, remote, rounds))
+    })
+    .await??;
+    report.push(
+        Figure::new(
+            SUITE,
+            "ctrl_rtt_during_1GiB_copy",
+            micros(median(&mut during)),
+            "us",
+        )
+        .against("ctrl_rtt_idle", micros(median(&mut idle)), "us"),
+    );
+    release(peer, &handle).await
+}
+
+/// The rounds of [`ctrl_rtt`], on the current (one-worker) runtime: the
+/// longest round trip during each copy and during each idle window.
+async fn ctrl_rounds(
+    creds: ProcCredentials,
+    handle: RemoteBuffer,
+    rounds: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let reader = BufferManager::start(
+        ManagerConfig::default().backend(BackendPolicy::Only(BackendKind::Shm)),
+        creds,
+    )
+    .await?;
+    let mut local = reader.register_with(Memory::allocate(CTRL_COPY_BYTES)?, Access::Local)?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let echo_addr = listener.local_addr()?;
+    let server = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await?;
+        sock.set_nodelay(true)?;
+        let mut msg = [0u8; CTRL_MSG_BYTES];
+        while sock.read_exact(&mut msg).await.is_ok() {
+            sock.write_all(&msg).await?;
+        }
+        anyhow::Ok(())
+    });
+    let mut client = TcpStream::connect(echo_addr).await?;
+    client.set_nodelay(true)?;
+    let mut idle = Vec::new();
+    let mut during = Vec::new();
+    for round in 0..=rounds {
+        // The copy, on the worker.
+        let stop = Arc::new(AtomicBool::new(false));
+        let pinger = tokio::spawn(ping_until(client, stop.clone()));
+        let copy = {
+            let reader = reader.clone();
+            let handle = handle.clone();
+            let mut buffer = local;
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r = match buffer.as_mut_slice() {
+                    Ok(dst) => reader.read_into(&handle, 0, dst).await,
+                    Err(e) => Err(e),
+                };
+                (buffer, r, t.elapsed())
+            })
+        };
+        let (buffer, result, took) = copy.await?;
+        stop.store(true, Ordering::SeqCst);
+        let (c, max_during) = pinger.await??;
+        result?;
+        local = buffer;
+        // The idle window: as long as the copy took.
+        let stop = Arc::new(AtomicBool::new(false));
+        let pinger = tokio::spawn(ping_until(c, stop.clone()));
+        tokio::time::sleep(took).await;
+        stop.store(true, Ordering::SeqCst);
+        let (c, max_idle) = pinger.await??;
+        client = c;
+        // Round 0 warms up (maps the segment).
+        if round > 0 {
+            during.push(max_during);
+            idle.push(max_idle);
+        }
+    }
+    drop(client);
+    let _ = tokio::time::timeout(DEADLINE, server).await;
+    Ok((during, idle))
+}
+
+/// Echo round trips back to back until `stop`; returns the stream and the
+/// longest round trip (at least one is made).
+async fn ping_until(
+    mut sock: TcpStream,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<(TcpStream, Duration)> {
+    let mut msg = [7u8; CTRL_MSG_BYTES];
+    let mut longest = Duration::ZERO;
+    loop {
+        let t = Instant::now();
+        sock.write_all(&msg).await?;
+        sock.read_exact(&mut msg).await?;
+        longest = longest.max(t.elapsed());
+        if stop.load(Ordering::SeqCst) {
+            return Ok((sock, longest));
+        }
+    }
 }
 
 async fn transfer(
@@ -214,9 +368,9 @@ async fn transfer(
 ) -> anyhow::Result<()> {
     reader.set_backend_policy(BackendPolicy::Only(kind));
     if write {
-        reader.write_from(handle, 0, local).await?;
+        reader.write_from(handle, 0, local.as_slice()?).await?;
     } else {
-        reader.read_into(handle, 0, local).await?;
+        reader.read_into(handle, 0, local.as_mut_slice()?).await?;
     }
     Ok(())
 }

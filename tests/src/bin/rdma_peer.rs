@@ -8,8 +8,15 @@
 //! - `alloc <len> <seed>`: registers `len` bytes filled with the pattern of
 //!   `seed` (see [`fill`]); answers `HANDLE <id> <hex of the encoded handle>`.
 //! - `release <id>`: releases the buffer; answers `RELEASED <id>`.
-//! - `check <id> <seed>`: compares the buffer with the pattern of `seed`;
-//!   answers `SAME` or `DIFFERENT <first differing offset>`.
+//! - `check <id> <seed>`: closes the buffer to peers (waiting for their
+//!   copies in flight), compares it with the pattern of `seed` and reopens
+//!   it; answers `SAME` or `DIFFERENT <first differing offset>`.
+//! - `access <id> exposed|readonly|local`: sets the buffer's access;
+//!   answers `ACCESS <id> <access>`, or `BUSY <error>`.
+//! - `hold <id> <seed> <ms>`: holds the buffer locally for `ms`
+//!   milliseconds, filled with the pattern of `seed`, then checks it and
+//!   restores its access; answers `INTACT` or `CHANGED <first differing
+//!   offset>` (a peer wrote it while it was held).
 //!
 //! Arguments: `--proc NAME --cert FILE --key FILE --ca FILE`.
 
@@ -18,7 +25,7 @@
 use std::collections::HashMap;
 
 use regent_net::{ProcCredentials, ProcId};
-use regent_rdma::{BufferManager, LocalBuffer, ManagerConfig, Memory};
+use regent_rdma::{Access, BufferManager, LocalBuffer, ManagerConfig, Memory};
 use regent_tests::peers::rdma::{fill, hex};
 use tokio::io::AsyncBufReadExt as _;
 
@@ -69,14 +76,38 @@ async fn serve(creds: ProcCredentials) -> Result<(), Box<dyn std::error::Error>>
                 println!("RELEASED {id}");
             }
             ["check", id, seed] => {
-                let b = buffers.get(&id.parse()?).ok_or("no such buffer")?;
+                let b = buffers.get_mut(&id.parse()?).ok_or("no such buffer")?;
                 let mut expect = vec![0u8; b.len()];
                 fill(&mut expect, seed.parse()?);
-                if b[..] == expect[..] {
-                    println!("SAME");
-                } else {
-                    let at = b.iter().zip(&expect).position(|(x, y)| x != y).unwrap_or(0);
-                    println!("DIFFERENT {at}");
+                let held = b.lock_local().await?;
+                match first_difference(&held, &expect) {
+                    None => println!("SAME"),
+                    Some(at) => println!("DIFFERENT {at}"),
+                }
+            }
+            ["access", id, access] => {
+                let b = buffers.get_mut(&id.parse()?).ok_or("no such buffer")?;
+                let access = match *access {
+                    "exposed" => Access::Exposed,
+                    "readonly" => Access::ReadOnly,
+                    "local" => Access::Local,
+                    other => return Err(format!("unknown access {other}").into()),
+                };
+                match b.set_access(access).await {
+                    Ok(()) => println!("ACCESS {} {access:?}", b.id().0),
+                    Err(e) => println!("BUSY {e}"),
+                }
+            }
+            ["hold", id, seed, ms] => {
+                let b = buffers.get_mut(&id.parse()?).ok_or("no such buffer")?;
+                let mut expect = vec![0u8; b.len()];
+                fill(&mut expect, seed.parse()?);
+                let mut held = b.lock_local().await?;
+                held.copy_from_slice(&expect);
+                tokio::time::sleep(std::time::Duration::from_millis(ms.parse()?)).await;
+                match first_difference(&held, &expect) {
+                    None => println!("INTACT"),
+                    Some(at) => println!("CHANGED {at}"),
                 }
             }
             [] => {}
@@ -84,4 +115,8 @@ async fn serve(creds: ProcCredentials) -> Result<(), Box<dyn std::error::Error>>
         }
     }
     Ok(())
+}
+
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y)
 }
