@@ -733,7 +733,12 @@ async fn peers_never_touch_a_buffer_the_owner_holds() {
             ManagerConfig::default()
                 .backend(BackendPolicy::Only(kind))
                 .tcp_chunk_bytes(std::num::NonZeroU32::new(64 << 10).unwrap()),
-            p.ca.issue(&pid(&format!("writer-{kind}"))).unwrap(),
+            p.ca.issue(
+                &pid(&format!("writer-{kind}")),
+                regent_net::Role::Proc,
+                regent_net::Validity::job(),
+            )
+            .unwrap(),
         )
         .await
         .unwrap();
@@ -785,7 +790,15 @@ async fn until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
 /// A cluster member's raw client config for the payload server, with or
 /// without our ALPN.
 fn member_config(ca: &ClusterCa, name: &str, alpn: bool) -> rustls::ClientConfig {
-    let mut config = ca.issue(&pid(name)).unwrap().client_config().unwrap();
+    let mut config = ca
+        .issue(
+            &pid(name),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
+        .unwrap()
+        .client_config()
+        .unwrap();
     config.alpn_protocols = if alpn {
         vec![ALPN.to_vec()]
     } else {

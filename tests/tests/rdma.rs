@@ -650,7 +650,11 @@ async fn the_tcp_backend_refuses_clients_without_a_cluster_certificate() {
     // A member of the cluster that offers no ALPN is not speaking this
     // protocol: refused.
     let mut plain = ca
-        .issue(&pid("reader"))
+        .issue(
+            &pid("reader"),
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )
         .expect("issue")
         .client_config()
         .expect("config");

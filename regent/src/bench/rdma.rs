@@ -250,7 +250,11 @@ async fn ctrl_rtt(
 ) -> anyhow::Result<()> {
     let rounds = if quick { 3 } else { 7 };
     let handle = alloc(peer, CTRL_COPY_BYTES).await?;
-    let creds = ca.issue(&ProcId::new(CTRL_READER)?)?;
+    let creds = ca.issue(
+        &ProcId::new(CTRL_READER)?,
+        regent_net::Role::Proc,
+        regent_net::Validity::job(),
+    )?;
     let remote = handle.clone();
     let (mut during, mut idle) = tokio::task::spawn_blocking(move || {
         tokio::runtime::Builder::new_multi_thread()
