@@ -281,6 +281,7 @@ impl<A: MeshActor> ActorMesh<A> {
         msg: &A::Msg,
         collect: Collect,
         wait: bool,
+        timeout: Duration,
     ) -> Result<(Shape, crate::protocol::Contribution, regent_net::Generation), MeshError> {
         let status = self.status();
         if status.is_done() {
@@ -295,7 +296,7 @@ impl<A: MeshActor> ActorMesh<A> {
             selection,
             msg,
             collect,
-            self.deadline(),
+            timeout,
         )?;
         let shape = frame.view.clone();
         let generation = info.generation;
@@ -307,19 +308,21 @@ impl<A: MeshActor> ActorMesh<A> {
     /// generation while members are lost.
     async fn retried<T, F>(
         &self,
-        mut once: impl FnMut() -> F,
+        mut once: impl FnMut(Duration) -> F,
         failed: impl Fn(&T) -> bool,
     ) -> Result<T, MeshError>
     where
         F: std::future::Future<Output = Result<(T, regent_net::Generation), MeshError>>,
     {
         let Some(retry) = self.retry else {
-            return once().await.map(|(t, _)| t);
+            return once(self.deadline()).await.map(|(t, _)| t);
         };
         let until = tokio::time::Instant::now() + retry.deadline;
         let mut tries = 0;
         loop {
-            let (t, generation) = once().await?;
+            // No try runs past the retry's deadline.
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let (t, generation) = once(self.deadline().min(left)).await?;
             if !failed(&t) || tries >= retry.attempts {
                 return Ok(t);
             }
@@ -337,8 +340,10 @@ impl<A: MeshActor> ActorMesh<A> {
     /// order they were sent, however many are in flight.
     pub async fn cast(&self, selection: &Selection, msg: &A::Msg) -> Result<Delivered, MeshError> {
         self.retried(
-            move || async move {
-                let (_, c, g) = self.root(selection, msg, Collect::Ack, true).await?;
+            move |timeout| async move {
+                let (_, c, g) = self
+                    .root(selection, msg, Collect::Ack, true, timeout)
+                    .await?;
                 Ok((Delivered::from(c), g))
             },
             |d: &Delivered| d.failed().iter().any(|(_, e)| lost(e)),
@@ -348,10 +353,11 @@ impl<A: MeshActor> ActorMesh<A> {
 
     /// Hands `msg` to the cast tree for every selected member and returns
     /// without waiting for any member (fire and forget): once it returns,
-    /// the cast is ordered after this sender's earlier casts. Failures
-    /// reach the owner's supervision, not the sender.
+    /// the cast is ordered after this sender's earlier casts. The sender
+    /// learns nothing of members it could not reach (the deaths of members
+    /// reach the owner's supervision as always).
     pub async fn cast_nowait(&self, selection: &Selection, msg: &A::Msg) -> Result<(), MeshError> {
-        self.root(selection, msg, Collect::Ack, false)
+        self.root(selection, msg, Collect::Ack, false, self.deadline())
             .await
             .map(|_| ())
     }
@@ -375,8 +381,10 @@ impl<A: MeshActor> ActorMesh<A> {
         msg: &A::Msg,
     ) -> Result<ValueMesh<A::Reply>, MeshError> {
         self.retried(
-            move || async move {
-                let (shape, c, g) = self.root(selection, msg, Collect::Gather, true).await?;
+            move |timeout| async move {
+                let (shape, c, g) = self
+                    .root(selection, msg, Collect::Gather, true, timeout)
+                    .await?;
                 Ok((cast::gathered(shape, c), g))
             },
             |v: &ValueMesh<A::Reply>| v.failed().iter().any(|(_, e)| lost(e)),
@@ -434,9 +442,9 @@ impl<A: MeshActor> ActorMesh<A> {
             return Err(MeshError::NoSuchReducer(R::NAME));
         }
         self.retried(
-            move || async move {
+            move |timeout| async move {
                 let collect = Collect::Reduce(R::NAME.to_owned());
-                let (_, c, g) = self.root(selection, msg, collect, true).await?;
+                let (_, c, g) = self.root(selection, msg, collect, true, timeout).await?;
                 Ok((cast::reduced(c)?, g))
             },
             |r: &Reduced<A::Reply>| r.failed().iter().any(|(_, e)| lost(e)),
@@ -505,6 +513,9 @@ impl<A> fmt::Debug for MeshRef<A> {
             .finish_non_exhaustive()
     }
 }
+
+/// The most meshes one proc knows (hosted, owned and bound together).
+pub const MAX_KNOWN_MESHES: usize = 4096;
 
 /// A mesh as a member's proc knows it.
 struct PeerTarget {
@@ -589,6 +600,11 @@ impl Member {
         mesh.info.validate().map_err(MeshError::Encode)?;
         let known = {
             let mut table = self.inner.services.known.lock().expect("known meshes lock");
+            if !table.contains_key(&id) && table.len() >= MAX_KNOWN_MESHES {
+                return Err(MeshError::Unavailable(format!(
+                    "this proc already knows {MAX_KNOWN_MESHES} meshes"
+                )));
+            }
             table
                 .entry(id)
                 .or_insert_with(|| KnownMesh::new(mesh.info.clone()))

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use crate::actor::MeshActor;
 use crate::error::MemberError;
 use crate::member::{Member, MemberMsg};
-use crate::protocol::{decode, encode};
+use crate::protocol::{MAX_TEXT_BYTES, decode, encode};
 
 /// How a life ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,13 +165,27 @@ impl<A> MemberState<A> {
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    match payload.downcast::<String>() {
+    bounded(match payload.downcast::<String>() {
         Ok(s) => *s,
         Err(payload) => match payload.downcast::<&'static str>() {
             Ok(s) => (*s).to_owned(),
             Err(_) => "a panic without a message".to_owned(),
         },
+    })
+}
+
+/// A user's error or panic text, cut to [`MAX_TEXT_BYTES`] (it travels in
+/// replies and failure reports).
+fn bounded(mut text: String) -> String {
+    if text.len() > MAX_TEXT_BYTES {
+        let mut end = MAX_TEXT_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(" [cut]");
     }
+    text
 }
 
 impl<A: MeshActor> Actor for MemberActor<A> {
@@ -209,7 +223,7 @@ impl<A: MeshActor> Actor for MemberActor<A> {
                     state.actor = Some(actor);
                     Ok(())
                 }
-                Ok(Err(e)) => Err(format!("{} failed to start: {e}", A::NAME)),
+                Ok(Err(e)) => Err(bounded(format!("{} failed to start: {e}", A::NAME))),
                 Err(p) => Err(format!(
                     "{} panicked while starting: {}",
                     A::NAME,
@@ -259,7 +273,7 @@ impl<A: MeshActor> Actor for MemberActor<A> {
                         Ok(())
                     }
                     Ok(Err(e)) => {
-                        let message = e.to_string();
+                        let message = bounded(e.to_string());
                         answer(Err(MemberError::Failed(message.clone())));
                         state.end(LifeEnd::Failed {
                             message,
@@ -286,7 +300,7 @@ impl<A: MeshActor> Actor for MemberActor<A> {
                     Ok(Ok(())) => Ok(()),
                     Ok(Err(e)) => {
                         state.end(LifeEnd::Failed {
-                            message: e.to_string(),
+                            message: bounded(e.to_string()),
                             panicked: false,
                         });
                         Err(e)

@@ -297,7 +297,7 @@ pub enum StartKind {
     Restart {
         /// The failure that led to it.
         cause: FailureCause,
-        /// The generation of the life it replaces.
+        /// The generation before the one this life starts in.
         previous: Generation,
     },
 }

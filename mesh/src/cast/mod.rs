@@ -105,10 +105,20 @@ impl Caster {
             call: u64::MAX,
         });
         let name = info.name.clone();
-        self.jobs
-            .send(Job { info, frame, done })
-            .await
-            .map_err(|_| MeshError::Stopped(name.clone()))?;
+        // Waiting for room in the queue is inside the budget too.
+        let budget = Duration::from_millis(u64::from(frame.budget_ms));
+        match tokio::time::timeout(budget, self.jobs.send(Job { info, frame, done })).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(MeshError::Stopped(name)),
+            Err(_) => {
+                return Err(MeshError::Timeout {
+                    what: format!(
+                        "handing a cast to {name}'s tree (the sender's queue stayed full)"
+                    ),
+                    after: budget,
+                });
+            }
+        }
         match answer {
             None => Ok(None),
             Some(rx) => rx.await.map(Some).map_err(|_| MeshError::Stopped(name)),
@@ -157,7 +167,9 @@ pub(crate) fn frame<M: Serialize>(
         payload: encode(msg).map_err(MeshError::Encode)?,
         reply: None,
         collect,
-        budget_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+        budget_ms: u32::try_from(timeout.as_millis())
+            .unwrap_or(u32::MAX)
+            .min(crate::protocol::MAX_BUDGET_MS),
     })
 }
 

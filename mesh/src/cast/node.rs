@@ -118,7 +118,12 @@ pub(crate) async fn dispatch(
         if chosen.is_empty() {
             continue;
         }
-        if frame.lost.contains(&chunk.start) {
+        let head_lost = frame.lost.contains(&chunk.start)
+            || info
+                .procs
+                .get(chunk.start as usize)
+                .is_some_and(|a| fabric.lost().contains(&a.proc));
+        if head_lost {
             // Around a lost head: its members fail now, its subtree is
             // forwarded to directly (in order, before the next chunk).
             let head = member_ranks(info.per_proc, chunk.start..chunk.start + 1);
@@ -287,10 +292,14 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
                     continue;
                 }
                 match result {
-                    ChildResult::Part(part) => merge(&d.collect, &mut d.acc, part),
+                    ChildResult::Part(part) => {
+                        let part = checked(part, &d.children[index]);
+                        merge(&d.collect, &mut d.acc, part);
+                    }
                     ChildResult::Done(part) => {
                         waiting[index] = false;
                         open_children -= 1;
+                        let part = checked(part, &d.children[index]);
                         merge(&d.collect, &mut d.acc, part);
                     }
                     ChildResult::Lost(why) => {
@@ -336,6 +345,22 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
     acc.failed.sort_by_key(|(r, _)| *r);
     acc.values.sort_by_key(|(r, _)| *r);
     acc
+}
+
+/// A child's result, keeping only what concerns the ranks it was sent to (a
+/// confused or malicious node cannot answer for others).
+fn checked(mut part: Contribution, ranks: &[u32]) -> Contribution {
+    let asked = |r: &u32| ranks.binary_search(r).is_ok();
+    let before = part.values.len() + part.failed.len();
+    part.values.retain(|(r, _)| asked(r));
+    part.failed.retain(|(r, _)| asked(r));
+    if part.values.len() + part.failed.len() != before {
+        tracing::warn!(
+            "a subtree answered for ranks it was not sent to; those answers are dropped"
+        );
+    }
+    part.ok = part.ok.min(ranks.len() as u32);
+    part
 }
 
 /// The ranks whose values or failures are already in (only gathers split
@@ -398,15 +423,23 @@ pub(crate) fn split(mut c: Contribution, max_frame_bytes: usize) -> Vec<Contribu
         used += size;
         part.values.push((rank, value));
     }
-    if !part.values.is_empty() {
+    // Failures are spread over parts the same way; the last part carries
+    // the count and the reduction.
+    c.failed.sort_by_key(|(r, _)| *r);
+    for (rank, error) in std::mem::take(&mut c.failed) {
+        let size = error.to_string().len() + VALUE_OVERHEAD_BYTES;
+        if used + size > room && !(part.values.is_empty() && part.failed.is_empty()) {
+            parts.push(std::mem::take(&mut part));
+            used = 0;
+        }
+        used += size;
+        part.failed.push((rank, error));
+    }
+    if !part.values.is_empty() || !part.failed.is_empty() || parts.is_empty() {
         parts.push(part);
     }
-    // The last part carries the count, the failures and the reduction.
-    let mut last = parts.pop().unwrap_or_default();
+    let last = parts.last_mut().expect("at least one part");
     last.ok = c.ok;
-    last.failed = c.failed;
-    last.failed.sort_by_key(|(r, _)| *r);
     last.reduced = c.reduced;
-    parts.push(last);
     parts
 }

@@ -145,14 +145,22 @@ impl KnownMesh {
     /// Ranks failed (reported by the owner before restarting them).
     pub(crate) fn failed(&self, failure: &MeshFailure) {
         let _ = self.failures.send(failure.clone());
-        self.state.send_modify(|s| {
-            if failure.generation >= s.generation {
-                s.failed.extend(failure.ranks.iter().copied());
-                s.failed.sort_unstable();
-                s.failed.dedup();
+        // A report about lives older than the current generation (they were
+        // replaced already) changes nothing.
+        let mut current = false;
+        self.state.send_if_modified(|s| {
+            if failure.generation < s.generation {
+                return false;
             }
+            current = true;
+            s.failed.extend(failure.ranks.iter().copied());
+            s.failed.sort_unstable();
+            s.failed.dedup();
+            true
         });
-        self.status.send_replace(MeshStatus::Restarting);
+        if current {
+            self.status.send_replace(MeshStatus::Restarting);
+        }
     }
 }
 

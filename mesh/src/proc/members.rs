@@ -37,7 +37,8 @@ use crate::protocol::{
 use crate::registry::ActorTypes;
 use crate::shape::Rank;
 
-/// Casts queued for one mesh's dispatcher; more make the command loop wait.
+/// Casts queued for one mesh's dispatcher; a cast that finds it full fails
+/// for its subtree at once.
 const QUEUED_CASTS: usize = 1024;
 /// How long the owner's question about an owned mesh's failure may wait for
 /// the owning member's answer.

@@ -283,6 +283,8 @@ impl ProcRuntime {
                 // one are refused, and the replaced lives get nothing more.
                 hosted.retire(&ranks, first);
                 hosted.known.update(info);
+                // The members of this proc that were not respawned survived.
+                hosted.tell_survivors(&restart);
                 hosted.submit(MeshOp::Respawn {
                     call,
                     reply_to,
@@ -324,6 +326,14 @@ impl ProcRuntime {
                     self.fabric.lost().insert(p);
                 }
                 if let Some(known) = self.known(mesh) {
+                    // Subtrees this proc waits on, headed by a lost proc,
+                    // end now rather than at their deadline.
+                    let info = known.info();
+                    for p in &lost {
+                        if let Some(rank) = info.proc_rank(p) {
+                            self.services.pending.lose_proc(mesh, rank, "proc lost");
+                        }
+                    }
                     known.failed(&failure);
                 }
             }

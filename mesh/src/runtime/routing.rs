@@ -32,11 +32,12 @@ pub(super) async fn route_member_exits(inner: Weak<Inner>, mut events: regent_ne
             Ok(e) => {
                 let mesh = e.mesh;
                 // Only a proc of the mesh reports its members' exits.
-                let from_mesh = rt
-                    .mesh_info(mesh)
-                    .is_some_and(|info| info.proc_rank(&sender).is_some());
+                let from_mesh = rt.mesh_info(mesh).is_some_and(|info| {
+                    e.rank < info.members()
+                        && info.procs[(e.rank / info.per_proc) as usize].proc == sender
+                });
                 if !from_mesh {
-                    tracing::warn!(from = %sender, mesh = mesh.0, "a member exit from a proc that does not host the mesh refused");
+                    tracing::warn!(from = %sender, mesh = mesh.0, "a member exit from a proc that does not host that member refused");
                     continue;
                 }
                 if !rt.signal_mesh(mesh, Signal::Member(e)) {

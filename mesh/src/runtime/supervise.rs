@@ -171,6 +171,13 @@ async fn watch_supervisor(
         .send_replace(MeshStatus::Escalated(failure.clone()));
     rt.stop_owned(info.id, None).await;
     rt.unregister_mesh(info.id);
+    if let Some((parent, rank)) = owner
+        && let Some(parent) = rt.mesh_info(parent)
+        && let Some(addr) = parent.procs.get((rank.0 / parent.per_proc) as usize)
+    {
+        rt.tell(&addr.proc, ProcCommand::ChildGone { mesh: info.id })
+            .await;
+    }
     for addr in info.procs.iter().rev() {
         if rt.is_lost(&addr.proc) {
             continue;
@@ -391,7 +398,14 @@ impl Supervisor {
         if decision.is_none()
             && let Some(supervise) = &self.supervise
         {
-            decision = supervise(failure.clone()).await;
+            // Bounded like the owning member's answer: a hook that does not
+            // decide in time leaves the policy's decision.
+            match tokio::time::timeout(SUPERVISE_WAIT, supervise(failure.clone())).await {
+                Ok(d) => decision = d,
+                Err(_) => {
+                    tracing::warn!(mesh = %failure.mesh, "the supervise hook did not decide within {SUPERVISE_WAIT:?}; the policy decides")
+                }
+            }
         }
         if decision.is_none() {
             decision = self.ask_owner(&failure).await;
