@@ -1,7 +1,23 @@
-//! Tensors (tch) on regent's buffer plane: send and receive, collectives and
-//! checkpoints.
+//! Tensors (tch) on regent's buffer plane.
 //!
-//! This crate is being built (see `ARCHITECTURE.md`); today it holds no API.
-//! It is one of the two crates allowed `unsafe` (FFI); every block carries a
-//! `// SAFETY:` note.
+//! This crate is being built (see `ARCHITECTURE.md`).
+//! It is one of the two crates allowed `unsafe` (FFI and registered
+//! memory); every block carries a `// SAFETY:` note.
 #![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod buffer;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod reduce;
+pub mod transport;
+
+pub use buffer::{Contiguity, TensorBuffer};
+pub use dtype::DType;
+pub use error::Error;
+pub use layout::{Layout, TensorHandle};
+pub use reduce::{ReduceOp, serial_fold};
+pub use transport::{Transport, TransportError};
+
+#[cfg(test)]
+mod testing;
