@@ -6,6 +6,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod buffer;
+pub mod collective;
 pub mod dtype;
 pub mod error;
 pub mod layout;
@@ -13,6 +14,7 @@ pub mod reduce;
 pub mod transport;
 
 pub use buffer::{Contiguity, TensorBuffer};
+pub use collective::{Algorithm, CollectiveConfig, Communicator};
 pub use dtype::DType;
 pub use error::Error;
 pub use layout::{Layout, TensorHandle};

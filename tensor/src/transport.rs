@@ -19,6 +19,10 @@
 //!   messages are queued; with [`TransportError::Timeout`] at `deadline`.
 //!   Concurrent calls for different `from` are allowed; a future may be
 //!   dropped before it completes only when the caller gives the group up.
+//! - [`Transport::failure`] is the first member failure the transport
+//!   learned of in this group, if any: collectives report it as the cause
+//!   of their error (a survivor that gave up first and released its memory
+//!   is not the culprit).
 //! - [`Transport::buffers`] is this member's buffer manager: collectives
 //!   register memory with it and read peers' buffers through it.
 
@@ -95,6 +99,10 @@ pub trait Transport: Send + Sync {
 
     /// This member's buffer manager.
     fn buffers(&self) -> &BufferManager;
+
+    /// The first member failure learned of in this group (rank, what is
+    /// known), or `None`.
+    fn failure(&self) -> Option<(usize, String)>;
 
     /// Sends a control message to `to` (FIFO per pair).
     fn send(

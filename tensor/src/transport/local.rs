@@ -119,17 +119,23 @@ impl LocalGroup {
 /// Starts `n` buffer managers with credentials from one new cluster CA
 /// (procs `rank-0` ...), for local groups. Needs a tokio runtime.
 pub async fn local_managers(n: usize, config: ManagerConfig) -> Result<Vec<BufferManager>, Error> {
+    local_managers_with(vec![config; n]).await
+}
+
+/// Like [`local_managers`], one manager per config (e.g. with different
+/// [`ManagerConfig::host`]s, to look like several hosts).
+pub async fn local_managers_with(configs: Vec<ManagerConfig>) -> Result<Vec<BufferManager>, Error> {
     let ca = ClusterCa::generate("regent-tensor local group")
         .map_err(|e| Error::Invalid(format!("cluster CA: {e}")))?;
-    let mut managers = Vec::with_capacity(n);
-    for i in 0..n {
+    let mut managers = Vec::with_capacity(configs.len());
+    for (i, config) in configs.into_iter().enumerate() {
         let id = ProcId::new(&format!("rank-{i}"))
             .map_err(|e| Error::Invalid(format!("proc id: {e}")))?;
         let creds = ca
             .issue(&id)
             .map_err(|e| Error::Invalid(format!("credentials: {e}")))?;
         managers.push(
-            BufferManager::start(config.clone(), creds)
+            BufferManager::start(config, creds)
                 .await
                 .map_err(Error::Rdma)?,
         );
@@ -138,7 +144,7 @@ pub async fn local_managers(n: usize, config: ManagerConfig) -> Result<Vec<Buffe
 }
 
 impl LocalTransport {
-    fn failure(&self) -> Option<TransportError> {
+    fn failure_error(&self) -> Option<TransportError> {
         self.failed
             .borrow()
             .as_ref()
@@ -190,6 +196,10 @@ impl Transport for LocalTransport {
         &self.manager
     }
 
+    fn failure(&self) -> Option<(usize, String)> {
+        self.failed.borrow().clone()
+    }
+
     async fn send(&self, to: usize, msg: Bytes) -> Result<(), TransportError> {
         self.check_rank(to)?;
         if msg.len() > LOCAL_MAX_MESSAGE_BYTES {
@@ -198,7 +208,7 @@ impl Transport for LocalTransport {
                 max_bytes: LOCAL_MAX_MESSAGE_BYTES,
             });
         }
-        if let Some(e) = self.failure() {
+        if let Some(e) = self.failure_error() {
             return Err(e);
         }
         // `check_rank` ruled out self, and every other pair has a channel.
@@ -215,7 +225,7 @@ impl Transport for LocalTransport {
 
     async fn recv(&self, from: usize, deadline: Instant) -> Result<Bytes, TransportError> {
         self.check_rank(from)?;
-        if let Some(e) = self.failure() {
+        if let Some(e) = self.failure_error() {
             return Err(e);
         }
         // `check_rank` ruled out self, and every other pair has a channel.
