@@ -46,11 +46,13 @@ use crate::buffer::{Registered, TensorBuffer, check_cpu};
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::reduce::ReduceOp;
+use crate::reshard::ReshardPlan;
 use crate::transport::{Transport, TransportError};
 use wire::{Agreement, Body, Msg, OpDesc, OpKind, Region, Tag};
 
 mod direct;
 mod inline;
+mod reshard;
 mod ring;
 pub(crate) mod wire;
 
@@ -853,6 +855,7 @@ impl<T: Transport> Communicator<T> {
             numel,
             reduce: None,
             root: root as u32,
+            digest: 0,
             algorithm,
         };
         let tag = self.bump();
@@ -920,6 +923,7 @@ impl<T: Transport> Communicator<T> {
             numel,
             reduce: Some(op),
             root: 0,
+            digest: 0,
             algorithm,
         };
         let scratch = match algorithm {
@@ -996,6 +1000,7 @@ impl<T: Transport> Communicator<T> {
             numel,
             reduce: None,
             root: 0,
+            digest: 0,
             algorithm: self.choose(len)?,
         };
         Ok((operand, desc))
@@ -1064,6 +1069,7 @@ impl<T: Transport> Communicator<T> {
             numel: in_numel,
             reduce: Some(op),
             root: 0,
+            digest: 0,
             algorithm: self.choose(len)?,
         };
         Ok((Operand::of(input), desc))
@@ -1089,6 +1095,7 @@ impl<T: Transport> Communicator<T> {
                 numel,
                 reduce: None,
                 root: self.rank() as u32,
+                digest: 0,
                 algorithm: self.choose_p2p(op.len())?,
             };
             Ok::<_, Error>((op, desc))
@@ -1127,6 +1134,103 @@ impl<T: Transport> Communicator<T> {
         }
     }
 
+    /// Runs a reshard plan (made by a controller, the same at every
+    /// member): a source passes its shard of every tensor of the plan, in
+    /// order, in `sources`; a destination passes tensors of its shards'
+    /// shapes in `dests`, which are filled; a member that is neither passes
+    /// nothing (and returns at once). Every destination reads only the
+    /// blocks it needs, one-sidedly; the result is bit-exact.
+    pub fn reshard<'a>(
+        &'a mut self,
+        plan: &'a ReshardPlan,
+        sources: &[&'a TensorBuffer],
+        dests: &'a mut [TensorBuffer],
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        let prep = self.prepare_reshard(plan, sources, dests);
+        // Keeps `sources` borrowed (see `reduce_scatter`).
+        let _sources: PhantomData<fn() -> &'a TensorBuffer> = PhantomData;
+        async move {
+            let _sources = _sources;
+            let _dests = dests;
+            let (roles, src_ops, dst_ops, desc) = prep?;
+            let tag = self.bump();
+            let cx = self.ctx(tag)?;
+            let r = reshard::run(&cx, plan, &desc, &roles, &src_ops, &dst_ops).await;
+            self.finish(tag, r).await
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn prepare_reshard(
+        &self,
+        plan: &ReshardPlan,
+        sources: &[&TensorBuffer],
+        dests: &[TensorBuffer],
+    ) -> Result<(reshard::Roles, Vec<Operand>, Vec<Operand>, OpDesc), Error> {
+        self.check_usable()?;
+        let p = self.size();
+        if plan
+            .src_ranks
+            .iter()
+            .chain(&plan.dst_ranks)
+            .any(|&g| g >= p)
+        {
+            return Err(Error::Plan(format!(
+                "the plan names ranks outside a group of {p}"
+            )));
+        }
+        let roles = reshard::Roles::of(plan, self.rank());
+        let check = |buffers: &[&TensorBuffer], index: Option<usize>, src: bool| {
+            let Some(index) = index else {
+                if !buffers.is_empty() {
+                    return Err(Error::Plan(format!(
+                        "this member is no {} of the plan, but passed {} tensors",
+                        if src { "source" } else { "destination" },
+                        buffers.len()
+                    )));
+                }
+                return Ok(Vec::new());
+            };
+            if buffers.len() != plan.tensors.len() {
+                return Err(Error::Plan(format!(
+                    "{} tensors for a plan of {}",
+                    buffers.len(),
+                    plan.tensors.len()
+                )));
+            }
+            let mut ops = Vec::with_capacity(buffers.len());
+            for (b, t) in buffers.iter().zip(&plan.tensors) {
+                let (dtype, _) = self.check_operand(b)?;
+                let shape = if src {
+                    t.src_shape(index)?
+                } else {
+                    t.dst_shape(index)?
+                };
+                if dtype != t.dtype || b.layout().shape() != shape.as_slice() {
+                    return Err(Error::LayoutMismatch {
+                        expected: format!("{} {}{shape:?}", t.name, t.dtype),
+                        found: b.layout().to_string(),
+                    });
+                }
+                ops.push(Operand::of(b));
+            }
+            Ok(ops)
+        };
+        let src_ops = check(sources, roles.src, true)?;
+        let dest_refs: Vec<&TensorBuffer> = dests.iter().collect();
+        let dst_ops = check(&dest_refs, roles.dst, false)?;
+        let desc = OpDesc {
+            kind: OpKind::Reshard,
+            dtype: DType::U8,
+            numel: plan.tensors.len() as u64,
+            reduce: None,
+            root: 0,
+            digest: plan.digest(),
+            algorithm: Algorithm::Direct,
+        };
+        Ok((roles, src_ops, dst_ops, desc))
+    }
+
     /// Receives the tensor that `from` sends with [`Self::send`].
     pub async fn recv(&mut self, data: &mut TensorBuffer, from: usize) -> Result<(), Error> {
         self.check_usable()?;
@@ -1139,6 +1243,7 @@ impl<T: Transport> Communicator<T> {
             numel,
             reduce: None,
             root: from as u32,
+            digest: 0,
             algorithm: self.choose_p2p(op.len())?,
         };
         self.p2p_received[from] += 1;

@@ -228,8 +228,12 @@ impl Layout {
     }
 
     /// Whether the elements are in row-major order with no gaps (strides
-    /// of dimensions of size 1 do not matter, as in torch).
+    /// of dimensions of size 1 do not matter, and an empty tensor is
+    /// contiguous, as in torch).
     pub fn is_contiguous(&self) -> bool {
+        if self.numel == 0 {
+            return true;
+        }
         let mut expect = 1u64;
         for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
             if d != 1 && s != expect {
@@ -408,6 +412,12 @@ mod tests {
         );
         let z = Layout::new(DType::F64, vec![3, 0], vec![0, 7], 8).unwrap();
         assert_eq!((z.numel(), z.end_bytes()), (0, 8));
+        assert!(z.is_contiguous() && z.is_dense());
+        assert!(
+            Layout::contiguous(DType::F32, &[4, 0, 6], 0)
+                .unwrap()
+                .is_contiguous()
+        );
         assert_eq!(Layout::contiguous(DType::F32, &[], 0).unwrap().numel(), 1);
     }
 

@@ -11,6 +11,7 @@ pub mod dtype;
 pub mod error;
 pub mod layout;
 pub mod reduce;
+pub mod reshard;
 pub mod transport;
 
 pub use buffer::{Contiguity, TensorBuffer};
@@ -19,6 +20,7 @@ pub use dtype::DType;
 pub use error::Error;
 pub use layout::{Layout, TensorHandle};
 pub use reduce::{ReduceOp, serial_fold};
+pub use reshard::{Placement, ReshardPlan, Sharding, plan_tensor};
 pub use transport::{Transport, TransportError};
 
 #[cfg(test)]

@@ -17,8 +17,10 @@ use tokio::time::Instant;
 use super::*;
 use crate::transport::local::{LocalGroup, LocalTransport, local_managers, local_managers_with};
 
-/// The most ranks a test uses.
+/// The most ranks a collective test uses.
 const MAX_RANKS: usize = 5;
+/// Buffer managers of the harness (a reshard may use one more rank).
+const MANAGERS: usize = 6;
 
 struct Harness {
     rt: tokio::runtime::Runtime,
@@ -35,7 +37,7 @@ fn harness() -> &'static Harness {
             .build()
             .unwrap();
         let managers = rt
-            .block_on(local_managers(MAX_RANKS, ManagerConfig::default()))
+            .block_on(local_managers(MANAGERS, ManagerConfig::default()))
             .unwrap();
         Harness { rt, managers }
     })
@@ -984,5 +986,218 @@ fn a_member_that_gives_up_early_cannot_make_a_peer_return_torn_data() {
         if let Ok(got) = r {
             assert!(got == expect, "rank {rank} returned torn data as complete");
         }
+    }
+}
+
+/// The block of a global tensor, contiguous.
+fn block_of(global: &Tensor, b: &crate::reshard::Block) -> Tensor {
+    let mut t = global.shallow_clone();
+    for (d, (&o, &n)) in b.offset.iter().zip(&b.shape).enumerate() {
+        t = t.narrow(d as i64, o as i64, n as i64);
+    }
+    t.contiguous()
+}
+
+/// Runs `plan` over a group of `g` ranks with global tensors `globals`
+/// (one per tensor of the plan) and checks every destination's shards
+/// bit for bit against the global tensors' blocks.
+fn check_reshard(g: usize, plan: crate::ReshardPlan, globals: Vec<Tensor>) {
+    let want: Vec<Vec<Vec<u8>>> = plan
+        .dst_ranks
+        .iter()
+        .enumerate()
+        .map(|(d, _)| {
+            plan.tensors
+                .iter()
+                .zip(&globals)
+                .map(|(t, x)| bytes_of(&block_of(x, &t.dst.block(&t.shape, d).unwrap())))
+                .collect()
+        })
+        .collect();
+    let src_blocks: Vec<Vec<Vec<u8>>> = plan
+        .src_ranks
+        .iter()
+        .enumerate()
+        .map(|(s, _)| {
+            plan.tensors
+                .iter()
+                .zip(&globals)
+                .map(|(t, x)| bytes_of(&block_of(x, &t.src.block(&t.shape, s).unwrap())))
+                .collect()
+        })
+        .collect();
+    let plan = Arc::new(plan);
+    let src_blocks = Arc::new(src_blocks);
+    let p2 = plan.clone();
+    let results = run_group(g, config(Algorithm::Auto, 64), move |rank, mut comm| {
+        let (plan, src_blocks) = (p2.clone(), src_blocks.clone());
+        async move {
+            let m = comm.transport().buffers().clone();
+            let s = plan.src_ranks.iter().position(|&x| x == rank);
+            let d = plan.dst_ranks.iter().position(|&x| x == rank);
+            let sources: Vec<TensorBuffer> = match s {
+                Some(s) => plan
+                    .tensors
+                    .iter()
+                    .zip(&src_blocks[s])
+                    .map(|(t, bytes)| {
+                        let shape = t.src_shape(s).unwrap();
+                        let b = TensorBuffer::zeros(&m, t.dtype, &shape).unwrap();
+                        let mut b = b;
+                        let src = tensor_of(t.dtype, bytes)
+                            .reshape(shape.iter().map(|&x| x as i64).collect::<Vec<_>>());
+                        b.tensor_mut().copy_(&src);
+                        b
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            let mut dests: Vec<TensorBuffer> = match d {
+                Some(d) => plan
+                    .tensors
+                    .iter()
+                    .map(|t| TensorBuffer::zeros(&m, t.dtype, &t.dst_shape(d).unwrap()).unwrap())
+                    .collect(),
+                None => Vec::new(),
+            };
+            // (`&TensorBuffer` is not `Send`: the references go before the
+            // await; the future keeps the sources borrowed.)
+            let run = {
+                let refs: Vec<&TensorBuffer> = sources.iter().collect();
+                comm.reshard(&plan, &refs, &mut dests)
+            };
+            run.await?;
+            // The sources are unchanged.
+            if let Some(s) = s {
+                for (b, bytes) in sources.iter().zip(&src_blocks[s]) {
+                    assert!(bytes_of(b.tensor()) == *bytes);
+                }
+            }
+            Ok(dests.iter().flat_map(|b| bytes_of(b.tensor())).collect())
+        }
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        let got = r.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        match plan.dst_ranks.iter().position(|&x| x == rank) {
+            Some(d) => assert!(got == want[d].concat(), "destination rank {rank} differs"),
+            None => assert!(got.is_empty()),
+        }
+    }
+}
+
+fn global(dtype: DType, shape: &[u64], seed: u64) -> Tensor {
+    let n: u64 = shape.iter().product();
+    tensor_of(dtype, &data(dtype, n as usize, seed))
+        .reshape(shape.iter().map(|&x| x as i64).collect::<Vec<_>>())
+}
+
+#[test]
+fn reshard_rows_over_four_trainers_to_columns_over_two_readers() {
+    use crate::{Sharding, plan_tensor};
+    let shapes = [vec![64u64, 30], vec![7, 5]];
+    let dtypes = [DType::F32, DType::I64];
+    let tensors = shapes
+        .iter()
+        .zip(dtypes)
+        .enumerate()
+        .map(|(i, (s, dt))| {
+            plan_tensor(
+                &format!("w{i}"),
+                dt,
+                s,
+                &Sharding::split(4, 0).unwrap(),
+                &Sharding::split(2, 1).unwrap(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let plan = crate::ReshardPlan::new(tensors, vec![0, 1, 2, 3], vec![4, 5]).unwrap();
+    let globals = shapes
+        .iter()
+        .zip(dtypes)
+        .map(|(s, dt)| global(dt, s, 3))
+        .collect();
+    check_reshard(6, plan, globals);
+}
+
+#[test]
+fn reshard_sharded_to_replicated_and_back_on_the_same_members() {
+    use crate::{Sharding, plan_tensor};
+    let shape = [33u64, 17];
+    let x = global(DType::BF16, &shape, 11);
+    let there = plan_tensor(
+        "w",
+        DType::BF16,
+        &shape,
+        &Sharding::split(4, 0).unwrap(),
+        &Sharding::replicated(4).unwrap(),
+    )
+    .unwrap();
+    check_reshard(
+        4,
+        crate::ReshardPlan::new(vec![there], vec![0, 1, 2, 3], vec![0, 1, 2, 3]).unwrap(),
+        vec![x.shallow_clone()],
+    );
+    let back = plan_tensor(
+        "w",
+        DType::BF16,
+        &shape,
+        &Sharding::replicated(4).unwrap(),
+        &Sharding::split(4, 1).unwrap(),
+    )
+    .unwrap();
+    check_reshard(
+        4,
+        crate::ReshardPlan::new(vec![back], vec![0, 1, 2, 3], vec![3, 2, 1, 0]).unwrap(),
+        vec![x],
+    );
+}
+
+#[test]
+fn reshard_from_a_two_by_two_mesh_to_overlapping_members() {
+    use crate::{Placement, Sharding, plan_tensor};
+    let shape = [10u64, 9, 3];
+    let src = Sharding::new(vec![2, 2], vec![Placement::Shard(0), Placement::Shard(1)]).unwrap();
+    let dst = Sharding::new(vec![3], vec![Placement::Shard(2)]).unwrap();
+    let t = plan_tensor("w", DType::F16, &shape, &src, &dst).unwrap();
+    let plan = crate::ReshardPlan::new(vec![t], vec![0, 1, 2, 3], vec![2, 3, 4]).unwrap();
+    check_reshard(5, plan, vec![global(DType::F16, &shape, 5)]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// Random shardings, members and overlaps: destinations end with
+    /// exactly the global tensor's blocks.
+    #[test]
+    fn reshards_are_bit_exact(
+        shape in prop::collection::vec(0u64..12, 1..4),
+        src_mesh in prop::collection::vec((1usize..3, any::<bool>(), 0usize..3), 1..3),
+        dst_mesh in prop::collection::vec((1usize..3, any::<bool>(), 0usize..3), 1..3),
+        perm in Just(()).prop_perturb(|_, mut rng| {
+            let mut v: Vec<usize> = (0..MANAGERS).collect();
+            for i in (1..v.len()).rev() {
+                v.swap(i, (rng.next_u32() as usize) % (i + 1));
+            }
+            v
+        }),
+        seed in any::<u64>(),
+    ) {
+        use crate::{Placement, Sharding, plan_tensor};
+        let sharding = |m: &[(usize, bool, usize)]| {
+            let (mesh, placements): (Vec<usize>, Vec<Placement>) = m
+                .iter()
+                .map(|&(n, shard, d)| (n, if shard { Placement::Shard(d % shape.len()) } else { Placement::Replicate }))
+                .unzip();
+            Sharding::new(mesh, placements).unwrap()
+        };
+        let (src, dst) = (sharding(&src_mesh), sharding(&dst_mesh));
+        prop_assume!(src.size() <= 4 && dst.size() <= 4);
+        let src_ranks: Vec<usize> = perm[..src.size()].to_vec();
+        let dst_ranks: Vec<usize> = perm[MANAGERS - dst.size()..].to_vec();
+        let g = src_ranks.iter().chain(&dst_ranks).max().unwrap() + 1;
+        let t = plan_tensor("w", DType::F32, &shape, &src, &dst).unwrap();
+        let plan = crate::ReshardPlan::new(vec![t], src_ranks, dst_ranks).unwrap();
+        check_reshard(g, plan, vec![global(DType::F32, &shape, seed)]);
     }
 }

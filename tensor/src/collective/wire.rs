@@ -54,6 +54,8 @@ pub(crate) struct OpDesc {
     pub(crate) reduce: Option<ReduceOp>,
     pub(crate) root: u32,
     pub(crate) algorithm: Algorithm,
+    /// A digest of the operation's plan (reshard), else 0.
+    pub(crate) digest: u64,
 }
 
 impl std::fmt::Display for OpDesc {
