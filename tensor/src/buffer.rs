@@ -401,5 +401,57 @@ pub(crate) fn check_cpu(tensor: &Tensor) -> Result<(), Error> {
     Ok(())
 }
 
+/// A plain CPU tensor's dtype, element count and bytes; it must be
+/// contiguous (its bytes are copied as they lie).
+pub(crate) fn check_plain(t: &Tensor) -> Result<(DType, u64, usize), Error> {
+    check_cpu(t)?;
+    let dtype = DType::from_kind(t.f_kind()?)?;
+    if !t.is_contiguous() {
+        return Err(Error::NotContiguous {
+            shape: t.size(),
+            strides: t.stride(),
+            what: "contiguous",
+        });
+    }
+    let numel = t.numel() as u64;
+    let len = numel
+        .checked_mul(dtype.size_bytes() as u64)
+        .and_then(|l| usize::try_from(l).ok())
+        .ok_or_else(|| Error::Invalid("tensor too large".into()))?;
+    Ok((dtype, numel, len))
+}
+
+/// The elements of a contiguous CPU tensor, writable.
+///
+/// Other tensors sharing its storage (views, shallow clones) must not be
+/// used while the slice lives, as for any in-place operation (the public
+/// methods that take `&mut Tensor` say so).
+pub(crate) fn plain_bytes_mut(t: &mut Tensor) -> Result<&mut [u8], Error> {
+    let (_, _, len) = check_plain(t)?;
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    let ptr = t.data_ptr().cast::<u8>();
+    assert!(!ptr.is_null(), "a non-empty CPU tensor has data");
+    // SAFETY: a defined, contiguous CPU tensor of `len` bytes of elements
+    // starts at `data_ptr`; the slice borrows `t` mutably, so this handle
+    // is not used meanwhile, and other handles of the storage are not to
+    // be used either (doc above); bytes are valid for any value.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}
+
+/// The elements of a contiguous CPU tensor, read-only (no tensor sharing
+/// its storage may write it while the slice lives).
+pub(crate) fn plain_bytes(t: &Tensor) -> Result<&[u8], Error> {
+    let (_, _, len) = check_plain(t)?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    let ptr = t.data_ptr().cast::<u8>().cast_const();
+    assert!(!ptr.is_null(), "a non-empty CPU tensor has data");
+    // SAFETY: as in `plain_bytes_mut`, for reading; the slice borrows `t`.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
 #[cfg(test)]
 mod tests;

@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 use tokio::time::Instant;
 
-use crate::buffer::{Registered, TensorBuffer, check_cpu};
+use crate::buffer::{Registered, TensorBuffer, check_plain, plain_bytes_mut};
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::reduce::ReduceOp;
@@ -1370,45 +1370,6 @@ where
         let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
         Ok(std::mem::take(&mut *out))
     }
-}
-
-/// A plain CPU tensor's dtype, element count and bytes; it must be
-/// contiguous (its bytes are copied as they lie).
-fn check_plain(t: &Tensor) -> Result<(DType, u64, usize), Error> {
-    check_cpu(t)?;
-    let dtype = DType::from_kind(t.f_kind()?)?;
-    if !t.is_contiguous() {
-        return Err(Error::NotContiguous {
-            shape: t.size(),
-            strides: t.stride(),
-            what: "contiguous",
-        });
-    }
-    let numel = t.numel() as u64;
-    let len = numel
-        .checked_mul(dtype.size_bytes() as u64)
-        .and_then(|l| usize::try_from(l).ok())
-        .ok_or_else(|| Error::Invalid("tensor too large".into()))?;
-    Ok((dtype, numel, len))
-}
-
-/// The elements of a contiguous CPU tensor, writable.
-///
-/// Other tensors sharing its storage (views, shallow clones) must not be
-/// used while the slice lives, as for any in-place operation (the public
-/// methods that take `&mut Tensor` say so).
-fn plain_bytes_mut(t: &mut Tensor) -> Result<&mut [u8], Error> {
-    let (_, _, len) = check_plain(t)?;
-    if len == 0 {
-        return Ok(&mut []);
-    }
-    let ptr = t.data_ptr().cast::<u8>();
-    assert!(!ptr.is_null(), "a non-empty CPU tensor has data");
-    // SAFETY: a defined, contiguous CPU tensor of `len` bytes of elements
-    // starts at `data_ptr`; the slice borrows `t` mutably, so this handle
-    // is not used meanwhile, and other handles of the storage are not to
-    // be used either (doc above); bytes are valid for any value.
-    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod buffer;
+pub mod checkpoint;
 pub mod collective;
 pub mod dtype;
 pub mod error;
