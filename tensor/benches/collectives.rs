@@ -57,8 +57,7 @@ fn run(p: usize, bytes: usize, op: Op, iters: usize) -> f64 {
                 let mut b =
                     TensorBuffer::zeros(&m, DType::F32, &[(bytes / 4) as u64]).expect("buffer");
                 let _ = b.tensor_mut().fill_(rank as f64 + 0.5);
-                let mut once = async |comm: &mut Communicator<LocalTransport>,
-                                      b: &mut TensorBuffer| {
+                let once = async |comm: &mut Communicator<LocalTransport>, b: &mut TensorBuffer| {
                     match op {
                         Op::AllReduce(_) => comm.all_reduce(b, ReduceOp::Sum).await,
                         Op::Broadcast(_) => comm.broadcast(b, 0).await,

@@ -149,17 +149,14 @@ fn sha(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }
 
+/// A tensor ready to write: name, dtype, shape, contiguous data.
+type Prepared = (String, DType, Vec<usize>, Tensor);
+
 /// The tensors, made contiguous, and the metadata with the checksum.
 fn prepare(
     tensors: &[(&str, &Tensor)],
     metadata: &BTreeMap<String, String>,
-) -> Result<
-    (
-        Vec<(String, DType, Vec<usize>, Tensor)>,
-        HashMap<String, String>,
-    ),
-    Error,
-> {
+) -> Result<(Vec<Prepared>, HashMap<String, String>), Error> {
     if metadata.contains_key(CHECKSUM_KEY) {
         return Err(Error::Invalid(format!(
             "metadata key {CHECKSUM_KEY} is reserved for the checksum"

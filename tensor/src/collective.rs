@@ -154,7 +154,7 @@ impl CollectiveConfig {
     fn validate(&self, max_message_bytes: usize) -> Result<(), Error> {
         let bad = |s: String| Err(Error::Invalid(s));
         let chunk = self.chunk_bytes.get();
-        if chunk % 8 != 0 || chunk > MAX_CHUNK_BYTES {
+        if !chunk.is_multiple_of(8) || chunk > MAX_CHUNK_BYTES {
             return bad(format!(
                 "chunk_bytes {chunk} must be a multiple of 8, at most {MAX_CHUNK_BYTES}"
             ));

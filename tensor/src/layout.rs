@@ -93,7 +93,7 @@ impl Layout {
             ));
         }
         let elem = dtype.size_bytes() as u64;
-        if offset_bytes % elem != 0 {
+        if !offset_bytes.is_multiple_of(elem) {
             return bad(format!(
                 "offset {offset_bytes} is not a multiple of the {dtype} element size"
             ));

@@ -94,7 +94,7 @@ impl Sharding {
         let size = mesh
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .filter(|&n| n >= 1 && n <= MAX_MESH_RANKS);
+            .filter(|n| (1..=MAX_MESH_RANKS).contains(n));
         if size.is_none() {
             return Err(Error::Plan(format!(
                 "mesh {mesh:?}: 1 to {MAX_MESH_RANKS} ranks"
@@ -370,7 +370,7 @@ pub(crate) fn runs(
         block_src.shape[m..].iter().product()
     };
     let outer: Vec<u64> = block_src.shape[..m].to_vec();
-    let count: u64 = if block_src.shape.iter().any(|&d| d == 0) {
+    let count: u64 = if block_src.shape.contains(&0) {
         0
     } else {
         outer.iter().product()

@@ -88,8 +88,8 @@ pub(super) async fn all_reduce<T: Transport>(
         tmp.resize(len, 0);
     }
     let acc = &mut tmp[..len];
-    for q in 0..p {
-        let x: &[u8] = match &theirs[q] {
+    for (q, theirs) in theirs.iter().enumerate() {
+        let x: &[u8] = match theirs {
             Some(b) => b,
             None => {
                 debug_assert_eq!(q, r);
@@ -157,8 +157,8 @@ pub(super) async fn reduce_scatter<T: Transport>(
     let theirs = payloads(cx, &others, desc, chunks[r].len()).await?;
     // SAFETY: as above.
     let mine = unsafe { input.bytes(chunks[r].clone()) };
-    for q in 0..p {
-        let x: &[u8] = theirs[q].as_deref().unwrap_or(mine);
+    for (q, theirs) in theirs.iter().enumerate() {
+        let x: &[u8] = theirs.as_deref().unwrap_or(mine);
         if q == 0 {
             out.copy_from_slice(x);
         } else {
