@@ -20,7 +20,7 @@ pub use collective::{Algorithm, CollectiveConfig, Communicator};
 pub use dtype::DType;
 pub use error::Error;
 pub use layout::{Layout, TensorHandle};
-pub use reduce::{ReduceOp, serial_fold};
+pub use reduce::{ReduceOp, fold_bytes, serial_fold};
 pub use reshard::{Placement, ReshardPlan, Sharding, plan_tensor};
 pub use transport::{Transport, TransportError};
 

@@ -41,19 +41,6 @@ impl ReduceOp {
     }
 }
 
-macro_rules! fold_with {
-    ($acc:expr, $x:expr, $t:ty, $f:expr) => {{
-        const N: usize = std::mem::size_of::<$t>();
-        for (a, b) in $acc.chunks_exact_mut(N).zip($x.chunks_exact(N)) {
-            // chunks_exact yields slices of exactly N bytes.
-            let va = <$t>::from_ne_bytes(a.try_into().expect("N bytes"));
-            let vb = <$t>::from_ne_bytes(b.try_into().expect("N bytes"));
-            let f: fn($t, $t) -> $t = $f;
-            a.copy_from_slice(&f(va, vb).to_ne_bytes());
-        }
-    }};
-}
-
 fn max_f32(a: f32, b: f32) -> f32 {
     if a.is_nan() || (!b.is_nan() && a >= b) {
         a
@@ -86,79 +73,161 @@ fn min_f64(a: f64, b: f64) -> f64 {
     }
 }
 
-/// `acc[i] = acc[i] op x[i]` for every element (the mean folds as a sum;
-/// [`finish`] divides). Both slices hold whole elements of `dtype` and are
-/// equally long.
-pub(crate) fn fold(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) {
-    assert_eq!(acc.len(), x.len(), "fold of unequal lengths");
-    assert_eq!(
-        acc.len() % dtype.size_bytes(),
-        0,
+/// Plain element types the kernels load and store (native byte order,
+/// any alignment).
+trait Elem: Copy {
+    const N: usize;
+    fn load(b: &[u8]) -> Self;
+    fn store(self, b: &mut [u8]);
+}
+
+macro_rules! elem {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            const N: usize = std::mem::size_of::<$t>();
+            #[inline(always)]
+            fn load(b: &[u8]) -> Self {
+                // Callers pass chunks of exactly N bytes.
+                <$t>::from_ne_bytes(b.try_into().expect("N bytes"))
+            }
+            #[inline(always)]
+            fn store(self, b: &mut [u8]) {
+                b.copy_from_slice(&self.to_ne_bytes());
+            }
+        }
+    )*};
+}
+elem!(f32, f64, u16, i64, i32, i16, i8, u8);
+
+/// `acc = acc op x`.
+#[inline(always)]
+fn apply_acc<T: Elem>(acc: &mut [u8], x: &[u8], f: impl Fn(T, T) -> T) {
+    for (a, b) in acc.chunks_exact_mut(T::N).zip(x.chunks_exact(T::N)) {
+        f(T::load(a), T::load(b)).store(a);
+    }
+}
+
+/// `dst = x op dst` (the left operand from `x`).
+#[inline(always)]
+fn apply_rev<T: Elem>(x: &[u8], dst: &mut [u8], f: impl Fn(T, T) -> T) {
+    for (b, a) in dst.chunks_exact_mut(T::N).zip(x.chunks_exact(T::N)) {
+        f(T::load(a), T::load(b)).store(b);
+    }
+}
+
+/// `dst = x op y`.
+#[inline(always)]
+fn apply3<T: Elem>(dst: &mut [u8], x: &[u8], y: &[u8], f: impl Fn(T, T) -> T) {
+    for ((d, a), b) in dst
+        .chunks_exact_mut(T::N)
+        .zip(x.chunks_exact(T::N))
+        .zip(y.chunks_exact(T::N))
+    {
+        f(T::load(a), T::load(b)).store(d);
+    }
+}
+
+fn f16_op(a: u16, b: u16, f: fn(f32, f32) -> f32) -> u16 {
+    f16::from_f32(f(f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32())).to_bits()
+}
+
+fn bf16_op(a: u16, b: u16, f: fn(f32, f32) -> f32) -> u16 {
+    bf16::from_f32(f(bf16::from_bits(a).to_f32(), bf16::from_bits(b).to_f32())).to_bits()
+}
+
+fn f16_pick(a: u16, b: u16, f: fn(f32, f32) -> f32) -> u16 {
+    let to = |v: u16| f16::from_bits(v).to_f32();
+    pick(f(to(a), to(b)), a, b, to)
+}
+
+fn bf16_pick(a: u16, b: u16, f: fn(f32, f32) -> f32) -> u16 {
+    let to = |v: u16| bf16::from_bits(v).to_f32();
+    pick(f(to(a), to(b)), a, b, to)
+}
+
+/// Runs `$apply!(type, element function)` for the kernel of `op` on
+/// `dtype` (the mean folds as a sum; [`finish`] divides).
+macro_rules! dispatch {
+    ($op:expr, $dtype:expr, $apply:ident) => {{
+        use ReduceOp::*;
+        match ($dtype, $op) {
+            (DType::F32, Sum | Mean) => $apply!(f32, |a: f32, b: f32| a + b),
+            (DType::F32, Min) => $apply!(f32, min_f32),
+            (DType::F32, Max) => $apply!(f32, max_f32),
+            (DType::F64, Sum | Mean) => $apply!(f64, |a: f64, b: f64| a + b),
+            (DType::F64, Min) => $apply!(f64, min_f64),
+            (DType::F64, Max) => $apply!(f64, max_f64),
+            // Half types compute in f32 and round once, as torch's CPU
+            // kernels do.
+            (DType::F16, Sum | Mean) => $apply!(u16, |a, b| f16_op(a, b, |x, y| x + y)),
+            (DType::F16, Min) => $apply!(u16, |a, b| f16_pick(a, b, min_f32)),
+            (DType::F16, Max) => $apply!(u16, |a, b| f16_pick(a, b, max_f32)),
+            (DType::BF16, Sum | Mean) => $apply!(u16, |a, b| bf16_op(a, b, |x, y| x + y)),
+            (DType::BF16, Min) => $apply!(u16, |a, b| bf16_pick(a, b, min_f32)),
+            (DType::BF16, Max) => $apply!(u16, |a, b| bf16_pick(a, b, max_f32)),
+            (DType::I64, Sum | Mean) => $apply!(i64, i64::wrapping_add),
+            (DType::I64, Min) => $apply!(i64, Ord::min),
+            (DType::I64, Max) => $apply!(i64, Ord::max),
+            (DType::I32, Sum | Mean) => $apply!(i32, i32::wrapping_add),
+            (DType::I32, Min) => $apply!(i32, Ord::min),
+            (DType::I32, Max) => $apply!(i32, Ord::max),
+            (DType::I16, Sum | Mean) => $apply!(i16, i16::wrapping_add),
+            (DType::I16, Min) => $apply!(i16, Ord::min),
+            (DType::I16, Max) => $apply!(i16, Ord::max),
+            (DType::I8, Sum | Mean) => $apply!(i8, i8::wrapping_add),
+            (DType::I8, Min) => $apply!(i8, Ord::min),
+            (DType::I8, Max) => $apply!(i8, Ord::max),
+            (DType::U8 | DType::Bool, Sum | Mean) => $apply!(u8, u8::wrapping_add),
+            (DType::U8 | DType::Bool, Min) => $apply!(u8, Ord::min),
+            (DType::U8 | DType::Bool, Max) => $apply!(u8, Ord::max),
+        }
+    }};
+}
+
+fn check_lens(dtype: DType, lens: &[usize]) {
+    assert!(
+        lens.windows(2).all(|w| w[0] == w[1]),
+        "fold of unequal lengths"
+    );
+    assert!(
+        lens[0].is_multiple_of(dtype.size_bytes()),
         "fold of partial elements"
     );
-    use ReduceOp::*;
-    match (dtype, op) {
-        (DType::F32, Sum | Mean) => fold_with!(acc, x, f32, |a, b| a + b),
-        (DType::F32, Min) => fold_with!(acc, x, f32, min_f32),
-        (DType::F32, Max) => fold_with!(acc, x, f32, max_f32),
-        (DType::F64, Sum | Mean) => fold_with!(acc, x, f64, |a, b| a + b),
-        (DType::F64, Min) => fold_with!(acc, x, f64, min_f64),
-        (DType::F64, Max) => fold_with!(acc, x, f64, max_f64),
-        // Half types compute in f32 and round once, as torch's CPU kernels.
-        (DType::F16, Sum | Mean) => fold_with!(acc, x, u16, |a, b| {
-            f16::from_f32(f16::from_bits(a).to_f32() + f16::from_bits(b).to_f32()).to_bits()
-        }),
-        (DType::F16, Min) => fold_with!(acc, x, u16, |a, b| {
-            pick(
-                min_f32(f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32()),
-                a,
-                b,
-                |v| f16::from_bits(v).to_f32(),
-            )
-        }),
-        (DType::F16, Max) => fold_with!(acc, x, u16, |a, b| {
-            pick(
-                max_f32(f16::from_bits(a).to_f32(), f16::from_bits(b).to_f32()),
-                a,
-                b,
-                |v| f16::from_bits(v).to_f32(),
-            )
-        }),
-        (DType::BF16, Sum | Mean) => fold_with!(acc, x, u16, |a, b| {
-            bf16::from_f32(bf16::from_bits(a).to_f32() + bf16::from_bits(b).to_f32()).to_bits()
-        }),
-        (DType::BF16, Min) => fold_with!(acc, x, u16, |a, b| {
-            pick(
-                min_f32(bf16::from_bits(a).to_f32(), bf16::from_bits(b).to_f32()),
-                a,
-                b,
-                |v| bf16::from_bits(v).to_f32(),
-            )
-        }),
-        (DType::BF16, Max) => fold_with!(acc, x, u16, |a, b| {
-            pick(
-                max_f32(bf16::from_bits(a).to_f32(), bf16::from_bits(b).to_f32()),
-                a,
-                b,
-                |v| bf16::from_bits(v).to_f32(),
-            )
-        }),
-        (DType::I64, Sum | Mean) => fold_with!(acc, x, i64, i64::wrapping_add),
-        (DType::I64, Min) => fold_with!(acc, x, i64, Ord::min),
-        (DType::I64, Max) => fold_with!(acc, x, i64, Ord::max),
-        (DType::I32, Sum | Mean) => fold_with!(acc, x, i32, i32::wrapping_add),
-        (DType::I32, Min) => fold_with!(acc, x, i32, Ord::min),
-        (DType::I32, Max) => fold_with!(acc, x, i32, Ord::max),
-        (DType::I16, Sum | Mean) => fold_with!(acc, x, i16, i16::wrapping_add),
-        (DType::I16, Min) => fold_with!(acc, x, i16, Ord::min),
-        (DType::I16, Max) => fold_with!(acc, x, i16, Ord::max),
-        (DType::I8, Sum | Mean) => fold_with!(acc, x, i8, i8::wrapping_add),
-        (DType::I8, Min) => fold_with!(acc, x, i8, Ord::min),
-        (DType::I8, Max) => fold_with!(acc, x, i8, Ord::max),
-        (DType::U8 | DType::Bool, Sum | Mean) => fold_with!(acc, x, u8, u8::wrapping_add),
-        (DType::U8 | DType::Bool, Min) => fold_with!(acc, x, u8, Ord::min),
-        (DType::U8 | DType::Bool, Max) => fold_with!(acc, x, u8, Ord::max),
+}
+
+/// `acc[i] = acc[i] op x[i]` for every element. Both slices hold whole
+/// elements of `dtype` and are equally long.
+pub(crate) fn fold(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) {
+    check_lens(dtype, &[acc.len(), x.len()]);
+    macro_rules! go {
+        ($t:ty, $f:expr) => {
+            apply_acc::<$t>(acc, x, $f)
+        };
     }
+    dispatch!(op, dtype, go)
+}
+
+/// `dst[i] = x[i] op dst[i]`: a fold whose running value is `x` and whose
+/// next operand is `dst`, written over `dst`.
+pub(crate) fn fold_rev(op: ReduceOp, dtype: DType, x: &[u8], dst: &mut [u8]) {
+    check_lens(dtype, &[x.len(), dst.len()]);
+    macro_rules! go {
+        ($t:ty, $f:expr) => {
+            apply_rev::<$t>(x, dst, $f)
+        };
+    }
+    dispatch!(op, dtype, go)
+}
+
+/// `dst[i] = x[i] op y[i]`.
+pub(crate) fn fold_into(op: ReduceOp, dtype: DType, dst: &mut [u8], x: &[u8], y: &[u8]) {
+    check_lens(dtype, &[dst.len(), x.len(), y.len()]);
+    macro_rules! go {
+        ($t:ty, $f:expr) => {
+            apply3::<$t>(dst, x, y, $f)
+        };
+    }
+    dispatch!(op, dtype, go)
 }
 
 /// The one of `a` and `b` whose value is `v` (min and max return an input
@@ -179,37 +248,37 @@ pub(crate) fn finish(op: ReduceOp, dtype: DType, acc: &mut [u8], count: usize) {
         return;
     }
     let n = count as f64;
+    let nf = n as f32;
+    fn each<T: Elem>(acc: &mut [u8], f: impl Fn(T) -> T) {
+        for a in acc.chunks_exact_mut(T::N) {
+            f(T::load(a)).store(a);
+        }
+    }
     match dtype {
-        DType::F32 => {
-            let n = n as f32;
-            for a in acc.chunks_exact_mut(4) {
-                let v = f32::from_ne_bytes(a.try_into().expect("4 bytes")) / n;
-                a.copy_from_slice(&v.to_ne_bytes());
-            }
-        }
-        DType::F64 => {
-            for a in acc.chunks_exact_mut(8) {
-                let v = f64::from_ne_bytes(a.try_into().expect("8 bytes")) / n;
-                a.copy_from_slice(&v.to_ne_bytes());
-            }
-        }
-        DType::F16 => {
-            let n = n as f32;
-            for a in acc.chunks_exact_mut(2) {
-                let v = f16::from_bits(u16::from_ne_bytes(a.try_into().expect("2 bytes")));
-                a.copy_from_slice(&f16::from_f32(v.to_f32() / n).to_bits().to_ne_bytes());
-            }
-        }
-        DType::BF16 => {
-            let n = n as f32;
-            for a in acc.chunks_exact_mut(2) {
-                let v = bf16::from_bits(u16::from_ne_bytes(a.try_into().expect("2 bytes")));
-                a.copy_from_slice(&bf16::from_f32(v.to_f32() / n).to_bits().to_ne_bytes());
-            }
-        }
+        DType::F32 => each::<f32>(acc, |v| v / nf),
+        DType::F64 => each::<f64>(acc, |v| v / n),
+        DType::F16 => each::<u16>(acc, |v| {
+            f16::from_f32(f16::from_bits(v).to_f32() / nf).to_bits()
+        }),
+        DType::BF16 => each::<u16>(acc, |v| {
+            bf16::from_f32(bf16::from_bits(v).to_f32() / nf).to_bits()
+        }),
         // `ReduceOp::check` refuses the mean of other types.
         _ => unreachable!("mean of a non-float type passed ReduceOp::check"),
     }
+}
+
+/// `acc = acc op x`, elementwise, checked: the kernel the collectives
+/// fold with (the mean folds as a sum).
+pub fn fold_bytes(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) -> Result<(), Error> {
+    op.check(dtype)?;
+    if acc.len() != x.len() || !acc.len().is_multiple_of(dtype.size_bytes()) {
+        return Err(Error::Invalid(
+            "operands of unequal lengths or partial elements".into(),
+        ));
+    }
+    fold(op, dtype, acc, x);
+    Ok(())
 }
 
 /// The serial reference: the left fold of `inputs` in the order given
@@ -314,6 +383,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_three_fold_forms_agree() {
+        let x = f32s(&[1.0, -0.0, 3.0, f32::INFINITY]);
+        let y = f32s(&[2.0, 0.0, -3.0, 1.0]);
+        for op in ReduceOp::ALL {
+            let mut a = x.clone();
+            fold(op, DType::F32, &mut a, &y);
+            let mut b = y.clone();
+            fold_rev(op, DType::F32, &x, &mut b);
+            let mut c = vec![0u8; x.len()];
+            fold_into(op, DType::F32, &mut c, &x, &y);
+            assert_eq!(a, b, "{op:?}");
+            assert_eq!(a, c, "{op:?}");
+        }
+        // Ties keep the left operand: max(-0, +0) is -0 whichever form.
+        let mut b = f32s(&[0.0]);
+        fold_rev(ReduceOp::Max, DType::F32, &f32s(&[-0.0]), &mut b);
+        assert_eq!(to_f32s(&b)[0].to_bits(), (-0.0f32).to_bits());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::{Ctx, OpDesc, Operand, chunk_bytes_of, join_collect, join_peers, piec
 use crate::collective::wire::{Body, Region};
 use crate::dtype::DType;
 use crate::error::Error;
-use crate::reduce::{ReduceOp, finish, fold};
+use crate::reduce::{ReduceOp, finish, fold, fold_into, fold_rev};
 use crate::transport::Transport;
 
 /// Every other member's regions, by rank.
@@ -43,8 +43,18 @@ async fn close<T: Transport>(cx: &Ctx<'_, T>, q: usize) -> Result<(), Error> {
     cx.recv_ack(q).await
 }
 
+/// Where a reduced chunk goes.
+enum Out<'a> {
+    /// Over this member's own chunk of the input (all-reduce).
+    InPlace,
+    /// Into a local buffer holding just the chunk (reduce-scatter).
+    Separate(&'a mut [u8]),
+}
+
 /// Folds `chunk` (bytes of the operand) over every member in rank order,
-/// piece by piece, handing each finished piece to `put`.
+/// piece by piece: the other members' pieces are read into slots of `tmp`
+/// (this member's slot holds the running value), this member's own piece
+/// is used where it lies, and the last step writes the result.
 #[allow(clippy::too_many_arguments)]
 async fn reduce_chunk<T: Transport>(
     cx: &Ctx<'_, T>,
@@ -54,22 +64,20 @@ async fn reduce_chunk<T: Transport>(
     dtype: DType,
     op: ReduceOp,
     tmp: &mut Vec<u8>,
-    mut put: impl FnMut(Range<usize>, &[u8]),
+    mut out: Out<'_>,
 ) -> Result<(), Error> {
     let (r, p) = (cx.rank(), cx.size());
     let sub = cx.chunk_bytes;
     if tmp.len() < p * sub {
         tmp.resize(p * sub, 0);
     }
+    let base = chunk.start;
     for piece in pieces(chunk, sub) {
         let len = piece.len();
         let mut slots: Vec<&mut [u8]> = tmp[..p * sub]
             .chunks_mut(sub)
             .map(|s| &mut s[..len])
             .collect();
-        // SAFETY: in the reduce phase nobody but this member reads its own
-        // chunk, and this loop writes a piece only after this copy.
-        slots[r].copy_from_slice(unsafe { input.bytes(piece.clone()) });
         let reads = slots
             .iter_mut()
             .enumerate()
@@ -81,12 +89,45 @@ async fn reduce_chunk<T: Transport>(
             })
             .collect();
         cx.read_many(reads).await?;
-        let (acc, rest) = slots.split_first_mut().expect("a group has a member");
-        for x in rest {
-            fold(op, dtype, acc, x);
+        let acc = std::mem::take(&mut slots[r]);
+        let local = piece.start - base..piece.end - base;
+        // SAFETY (both `bytes` and `bytes_mut` below): in the reduce phase
+        // nobody but this member reads or writes its own chunk of the
+        // input; the shared and the mutable slice never live at once.
+        let own = || unsafe { input.bytes(piece.clone()) };
+        let x = |q: usize| -> &[u8] { if q == r { own() } else { &*slots[q] } };
+        if p == 1 {
+            match &mut out {
+                Out::InPlace => {}
+                Out::Separate(o) => o[local.clone()].copy_from_slice(own()),
+            }
+        } else {
+            if p > 2 {
+                fold_into(op, dtype, acc, x(0), x(1));
+                for q in 2..p - 1 {
+                    fold(op, dtype, acc, x(q));
+                }
+            } else {
+                acc.copy_from_slice(x(0));
+            }
+            // The last step: result = acc op x(p - 1).
+            let last = p - 1;
+            match &mut out {
+                Out::Separate(o) => fold_into(op, dtype, &mut o[local.clone()], acc, x(last)),
+                Out::InPlace if r == last => {
+                    fold_rev(op, dtype, acc, unsafe { input.bytes_mut(piece.clone()) })
+                }
+                Out::InPlace => {
+                    let y = &*slots[last];
+                    fold_into(op, dtype, unsafe { input.bytes_mut(piece.clone()) }, acc, y)
+                }
+            }
         }
-        finish(op, dtype, acc, p);
-        put(piece, acc);
+        let done = match &mut out {
+            Out::InPlace => unsafe { input.bytes_mut(piece.clone()) },
+            Out::Separate(o) => &mut o[local],
+        };
+        finish(op, dtype, done, p);
     }
     Ok(())
 }
@@ -147,11 +188,7 @@ pub(super) async fn all_reduce<T: Transport>(
         desc.dtype,
         op,
         tmp,
-        |piece, acc| {
-            // SAFETY: nobody reads this member's chunk until its Signal
-            // below, and the piece's own elements were copied out first.
-            unsafe { data.bytes_mut(piece) }.copy_from_slice(acc);
-        },
+        Out::InPlace,
     )
     .await?;
     cx.send_all(&others, Body::Signal { step: 0, sub: 0 })
@@ -192,7 +229,6 @@ pub(super) async fn reduce_scatter<T: Transport>(
     .await?;
     let peers = readies(cx, &others, desc, input.len()).await?;
     let chunk = chunk_bytes_of(input.len(), p, desc.dtype.size_bytes())[r].clone();
-    let base = chunk.start;
     reduce_chunk(
         cx,
         input,
@@ -201,7 +237,7 @@ pub(super) async fn reduce_scatter<T: Transport>(
         desc.dtype,
         op,
         tmp,
-        |piece, acc| out[piece.start - base..piece.end - base].copy_from_slice(acc),
+        Out::Separate(out),
     )
     .await?;
     join_peers(others.iter().copied().map(|q| close(cx, q))).await

@@ -137,13 +137,14 @@ async fn reduce_phase<T: Transport>(
         }
         for (j, piece) in pieces(chunks[c].clone(), sub).enumerate() {
             cx.recv_signal(ring.left, s, j).await?;
-            let acc = &mut tmp[..piece.len()];
-            cx.read(ring.left, &left_regions[0], piece.start, acc)
-                .await?;
-            // The left neighbour's partial first, then this member's part.
             // SAFETY: the input is only read, by this member alone.
-            fold(op, desc.dtype, acc, unsafe { input.bytes(piece.clone()) });
+            let mine = unsafe { input.bytes(piece.clone()) };
             if last {
+                let acc = &mut tmp[..piece.len()];
+                cx.read(ring.left, &left_regions[0], piece.start, acc)
+                    .await?;
+                // The left neighbour's partial first, then this member's.
+                fold(op, desc.dtype, acc, mine);
                 finish(op, desc.dtype, acc, p);
                 finals(piece, acc)?;
                 if let Some(step) = signal_finals {
@@ -159,7 +160,10 @@ async fn reduce_phase<T: Transport>(
             } else {
                 // SAFETY: scratch region c is written once, here, and read
                 // by the right neighbour after the signal that follows.
-                unsafe { scratch.bytes_mut(piece) }.copy_from_slice(acc);
+                let acc = unsafe { scratch.bytes_mut(piece.clone()) };
+                cx.read(ring.left, &left_regions[0], piece.start, acc)
+                    .await?;
+                fold(op, desc.dtype, acc, mine);
                 cx.send(
                     ring.right,
                     Body::Signal {
