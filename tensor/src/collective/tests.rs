@@ -304,6 +304,45 @@ proptest! {
     }
 }
 
+/// The exact algorithms fold in rank order for every group size: on data
+/// where the order of a float sum changes its bits (checked), every member
+/// gets exactly the rank-order fold.
+#[test]
+fn exact_algorithms_fold_in_rank_order_for_every_group_size() {
+    for p in 2..=MAX_RANKS {
+        let numel = 3001;
+        let inputs: Vec<Vec<u8>> = (0..p)
+            .map(|r| data(DType::F32, numel, 1000 + r as u64))
+            .collect();
+        let refs: Vec<&[u8]> = inputs.iter().map(|v| &v[..]).collect();
+        let expect = crate::serial_fold(ReduceOp::Sum, DType::F32, &refs).unwrap();
+        if p >= 3 {
+            let mut other: Vec<&[u8]> = refs.clone();
+            other.swap(p - 1, p - 2);
+            let swapped = crate::serial_fold(ReduceOp::Sum, DType::F32, &other).unwrap();
+            assert!(
+                swapped != expect,
+                "p {p}: the data does not tell orders apart"
+            );
+        }
+        for algorithm in [Algorithm::Inline, Algorithm::Direct] {
+            let inputs = Arc::new(inputs.clone());
+            let results = run_group(p, config(algorithm, 64), move |rank, mut comm| {
+                let inputs = inputs.clone();
+                async move {
+                    let m = comm.transport().buffers().clone();
+                    let mut b = buffer_with(&m, DType::F32, &inputs[rank]);
+                    comm.all_reduce(&mut b, ReduceOp::Sum).await?;
+                    Ok(bytes_of(b.tensor()))
+                }
+            });
+            for (rank, r) in results.into_iter().enumerate() {
+                assert!(r.unwrap() == expect, "p {p} {algorithm:?}: rank {rank}");
+            }
+        }
+    }
+}
+
 #[test]
 fn auto_picks_inline_for_small_tensors_and_direct_otherwise_and_results_repeat() {
     // The same group and inputs, twice, through Auto: identical bits, and
@@ -579,7 +618,9 @@ struct Outcome {
 type Kept = Box<dyn Send>;
 
 /// Runs `which` on 4 ranks where rank `bad` fails after `cut` sends (the
-/// hello exchange not counted).
+/// hello exchange not counted). With `keep`, survivors keep their
+/// communicator and tensor until all have returned; without, they drop
+/// them at once (their peers then find their memory released).
 fn run_faulty(
     which: Which,
     algorithm: Algorithm,
@@ -588,6 +629,7 @@ fn run_faulty(
     cut: usize,
     timeout: Duration,
     inputs: &Arc<Vec<Vec<u8>>>,
+    keep: bool,
 ) -> Outcome {
     let h = harness();
     let p = 4;
@@ -645,7 +687,11 @@ fn run_faulty(
                     }
                 };
                 let r = r.map(|()| bytes_of(b.tensor()));
-                (r, Box::new((comm, b)) as Kept)
+                if keep {
+                    (r, Box::new((comm, b)) as Kept)
+                } else {
+                    (r, Box::new(()) as Kept)
+                }
             }));
         }
         // Abort the faulty rank's task on every path (it may hang forever).
@@ -715,6 +761,7 @@ fn sends_of(which: Which, algorithm: Algorithm, bad: usize) -> usize {
         usize::MAX,
         Duration::from_secs(20),
         &inputs,
+        true,
     );
     for (rank, r) in o.results.into_iter().enumerate() {
         if let Some(r) = r {
@@ -762,10 +809,23 @@ fn a_killed_member_fails_every_survivors_collective_naming_it_at_every_point() {
             let (inputs, expect) = fault_inputs(which, algorithm);
             let mut failed = 0;
             for cut in 0..=total {
-                let what = format!("{which:?} {algorithm:?} cut {cut}/{total}");
-                let o = run_faulty(which, algorithm, Fault::Kill, bad, cut, timeout, &inputs);
-                assert!(o.elapsed < timeout / 2, "{what}: waited {:?}", o.elapsed);
-                failed += check_outcome(o, &expect, &what, |e| e.culprit() == Some(bad));
+                // Survivors that drop their tensors at once release memory
+                // others may still read: the error still names the dead.
+                for keep in [true, false] {
+                    let what = format!("{which:?} {algorithm:?} cut {cut}/{total} keep {keep}");
+                    let o = run_faulty(
+                        which,
+                        algorithm,
+                        Fault::Kill,
+                        bad,
+                        cut,
+                        timeout,
+                        &inputs,
+                        keep,
+                    );
+                    assert!(o.elapsed < timeout / 2, "{what}: waited {:?}", o.elapsed);
+                    failed += check_outcome(o, &expect, &what, |e| e.culprit() == Some(bad));
+                }
             }
             // (A non-root sends nothing in an inline broadcast.)
             assert!(
@@ -796,7 +856,7 @@ fn a_stopped_member_fails_every_survivor_once_the_transport_detects_it() {
             for cut in cuts {
                 let what = format!("{which:?} {algorithm:?} cut {cut}/{total}");
                 let fault = Fault::SilenceDetected(detect);
-                let o = run_faulty(which, algorithm, fault, bad, cut, timeout, &inputs);
+                let o = run_faulty(which, algorithm, fault, bad, cut, timeout, &inputs, true);
                 assert!(
                     o.elapsed < detect + Duration::from_secs(5),
                     "{what}: {:?}",
@@ -837,7 +897,16 @@ fn an_unreported_silent_member_fails_every_survivor_by_the_deadline() {
         };
         for cut in cuts {
             let what = format!("{which:?} {algorithm:?} cut {cut}/{total}");
-            let o = run_faulty(which, algorithm, Fault::Silence, bad, cut, timeout, &inputs);
+            let o = run_faulty(
+                which,
+                algorithm,
+                Fault::Silence,
+                bad,
+                cut,
+                timeout,
+                &inputs,
+                true,
+            );
             assert!(o.elapsed < timeout * 2, "{what}: {:?}", o.elapsed);
             check_outcome(o, &expect, &what, |e| match e {
                 Error::Timeout { waiting_for, .. } => {
@@ -862,6 +931,7 @@ fn after_a_failure_the_next_generation_works() {
         4,
         Duration::from_secs(20),
         &inputs,
+        true,
     );
     assert!(o.results[..3].iter().all(|r| matches!(r, Some(Err(_)))));
     let survivors: Vec<Vec<u8>> = inputs[..3].to_vec();
