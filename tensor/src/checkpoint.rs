@@ -26,10 +26,9 @@
 //! fsyncs it, renames it over the destination and fsyncs the directory:
 //! a crash leaves the old file or the new one, never a mix.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -65,27 +64,6 @@ pub struct Checkpoint {
     pub tensors: BTreeMap<String, Tensor>,
     /// The metadata other than the checksum.
     pub metadata: BTreeMap<String, String>,
-}
-
-struct View<'a> {
-    dtype: DType,
-    shape: Vec<usize>,
-    data: &'a [u8],
-}
-
-impl safetensors::View for &View<'_> {
-    fn dtype(&self) -> safetensors::Dtype {
-        self.dtype.safetensors()
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
-    }
 }
 
 /// A running checksum (the module docs give the definition).
@@ -156,7 +134,7 @@ type Prepared = (String, DType, Vec<usize>, Tensor);
 fn prepare(
     tensors: &[(&str, &Tensor)],
     metadata: &BTreeMap<String, String>,
-) -> Result<(Vec<Prepared>, HashMap<String, String>), Error> {
+) -> Result<(Vec<Prepared>, BTreeMap<String, String>), Error> {
     if metadata.contains_key(CHECKSUM_KEY) {
         return Err(Error::Invalid(format!(
             "metadata key {CHECKSUM_KEY} is reserved for the checksum"
@@ -178,39 +156,64 @@ fn prepare(
         sum.tensor(name, dtype.safetensors(), &shape, sha(plain_bytes(&t)?));
         out.push((name.to_string(), dtype, shape, t));
     }
-    let mut meta: HashMap<String, String> = metadata.clone().into_iter().collect();
+    let mut meta = metadata.clone();
     meta.insert(CHECKSUM_KEY.to_owned(), sum.finish(metadata));
     Ok((out, meta))
 }
 
+/// The header (length prefix included) of a file holding `prepared`, in
+/// the order their data follows it: by descending dtype alignment, then
+/// name (safetensors' own order). Canonical: the same tensors and
+/// metadata give the same bytes (JSON objects with sorted keys; the
+/// safetensors crate's writer orders metadata by a randomly seeded hash).
+fn header(prepared: &mut [Prepared], meta: &BTreeMap<String, String>) -> Result<Vec<u8>, Error> {
+    prepared.sort_by(|(ln, ld, ..), (rn, rd, ..)| {
+        rd.safetensors().cmp(&ld.safetensors()).then(ln.cmp(rn))
+    });
+    let mut obj = serde_json::Map::new();
+    obj.insert(
+        "__metadata__".into(),
+        serde_json::to_value(meta).map_err(json)?,
+    );
+    let mut offset = 0usize;
+    for (name, dtype, shape, t) in prepared.iter() {
+        let n = plain_bytes(t)?.len();
+        obj.insert(
+            name.clone(),
+            serde_json::json!({
+                "dtype": dtype.safetensors(),
+                "shape": shape,
+                "data_offsets": [offset, offset + n],
+            }),
+        );
+        offset += n;
+    }
+    let mut json_bytes = serde_json::to_vec(&obj).map_err(json)?;
+    // Data starts 8-byte aligned, as safetensors writes it.
+    json_bytes.resize(json_bytes.len().next_multiple_of(8), b' ');
+    let mut out = Vec::with_capacity(8 + json_bytes.len());
+    out.extend((json_bytes.len() as u64).to_le_bytes());
+    out.extend(json_bytes);
+    Ok(out)
+}
+
+fn json(e: serde_json::Error) -> Error {
+    Error::checkpoint(None, format!("encoding the header: {e}"))
+}
+
 /// Named tensors (CPU; any layout, written row-major) and metadata, as
-/// the bytes of a safetensors file with a checksum.
+/// the bytes of a safetensors file with a checksum. The same tensors and
+/// metadata give the same bytes.
 pub fn to_bytes(
     tensors: &[(&str, &Tensor)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>, Error> {
-    let (prepared, meta) = prepare(tensors, metadata)?;
-    let views = views(&prepared)?;
-    safetensors::serialize(views.iter().map(|(n, v)| (n.as_str(), v)), Some(meta))
-        .map_err(|e| Error::checkpoint(None, format!("serializing: {e}")))
-}
-
-fn views(
-    prepared: &[(String, DType, Vec<usize>, Tensor)],
-) -> Result<Vec<(String, View<'_>)>, Error> {
-    prepared
-        .iter()
-        .map(|(n, dtype, shape, t)| {
-            Ok((
-                n.clone(),
-                View {
-                    dtype: *dtype,
-                    shape: shape.clone(),
-                    data: plain_bytes(t)?,
-                },
-            ))
-        })
-        .collect()
+    let (mut prepared, meta) = prepare(tensors, metadata)?;
+    let mut out = header(&mut prepared, &meta)?;
+    for (.., t) in &prepared {
+        out.extend_from_slice(plain_bytes(t)?);
+    }
+    Ok(out)
 }
 
 /// Checks a parsed header's tensors and the checksum; returns the
@@ -316,8 +319,8 @@ pub fn save(
     tensors: &[(&str, &Tensor)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), Error> {
-    let (prepared, meta) = prepare(tensors, metadata)?;
-    let views = views(&prepared)?;
+    let (mut prepared, meta) = prepare(tensors, metadata)?;
+    let head = header(&mut prepared, &meta)?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
         _ => PathBuf::from("."),
@@ -331,16 +334,27 @@ pub fn save(
         std::process::id(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
-    let mut guard = TempFile(Some(temp.clone()));
-    safetensors::serialize_to_file(
-        views.iter().map(|(n, v)| (n.as_str(), v)),
-        Some(meta),
-        &temp,
-    )
-    .map_err(|e| Error::checkpoint(Some(&temp), format!("writing: {e}")))?;
-    File::open(&temp)
-        .and_then(|f| f.sync_all())
-        .map_err(io("fsync", &temp))?;
+    let mut guard;
+    {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .map_err(io("create", &temp))?;
+        // Ours from here on: removed on any failure.
+        guard = TempFile(Some(temp.clone()));
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+        w.write_all(&head).map_err(io("write", &temp))?;
+        for (.., t) in &prepared {
+            w.write_all(plain_bytes(t)?).map_err(io("write", &temp))?;
+        }
+        let file = w.into_inner().map_err(|e| Error::Io {
+            context: "write",
+            path: temp.clone(),
+            source: e.into_error(),
+        })?;
+        file.sync_all().map_err(io("fsync", &temp))?;
+    }
     std::fs::rename(&temp, path).map_err(io("rename into place", path))?;
     guard.0 = None;
     File::open(&dir)

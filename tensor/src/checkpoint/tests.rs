@@ -107,6 +107,24 @@ fn named_tensors_round_trip_through_bytes_and_files() {
 }
 
 #[test]
+fn the_same_checkpoint_gives_the_same_bytes() {
+    let (tensors, _) = sample();
+    let meta: BTreeMap<String, String> = (0..20)
+        .map(|i| (format!("key{i}"), format!("v{i}")))
+        .collect();
+    let a = to_bytes(&refs(&tensors), &meta).unwrap();
+    for _ in 0..5 {
+        assert!(to_bytes(&refs(&tensors), &meta).unwrap() == a);
+    }
+    let mut reversed = refs(&tensors);
+    reversed.reverse();
+    assert!(
+        to_bytes(&reversed, &meta).unwrap() == a,
+        "the order given does not matter"
+    );
+}
+
+#[test]
 fn files_are_standard_safetensors_with_the_checksum_in_the_metadata() {
     let (tensors, meta) = sample();
     let bytes = to_bytes(&refs(&tensors), &meta).unwrap();
