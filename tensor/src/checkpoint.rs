@@ -334,15 +334,14 @@ pub fn save(
         std::process::id(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
-    let mut guard;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .map_err(io("create", &temp))?;
+    // Ours from here on: removed on any failure.
+    let mut guard = TempFile(Some(temp.clone()));
     {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .map_err(io("create", &temp))?;
-        // Ours from here on: removed on any failure.
-        guard = TempFile(Some(temp.clone()));
         let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
         w.write_all(&head).map_err(io("write", &temp))?;
         for (.., t) in &prepared {

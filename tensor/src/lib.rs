@@ -1,8 +1,21 @@
 //! Tensors (tch) on regent's buffer plane.
 //!
-//! This crate is being built (see `ARCHITECTURE.md`).
-//! It is one of the two crates allowed `unsafe` (FFI and registered
-//! memory); every block carries a `// SAFETY:` note.
+//! - [`TensorBuffer`]: a tch tensor inside registered memory (no copy),
+//!   reachable by peers through its [`TensorHandle`]; the buffer stays
+//!   registered while any tensor over it lives.
+//! - [`Communicator`]: barrier, broadcast, all-reduce, all-gather,
+//!   reduce-scatter, send/recv and [`Communicator::reshard`] over a
+//!   [`Transport`] (the mesh's members, or [`transport::local`] inside one
+//!   process); deterministic results, exact (rank-order) by default, and
+//!   failures that name the rank within the transport's detection time.
+//! - [`reshard`]: the pure planner for moving sharded tensors between
+//!   meshes.
+//! - [`checkpoint`]: safetensors files with a checksum, written
+//!   atomically, refused whole when truncated or corrupted.
+//!
+//! The contract is `docs/semantics.md` §8; the code map is in
+//! `ARCHITECTURE.md`. This is one of the two crates allowed `unsafe` (FFI
+//! and registered memory); every block carries a `// SAFETY:` note.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod buffer;

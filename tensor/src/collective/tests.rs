@@ -621,6 +621,7 @@ type Kept = Box<dyn Send>;
 /// hello exchange not counted). With `keep`, survivors keep their
 /// communicator and tensor until all have returned; without, they drop
 /// them at once (their peers then find their memory released).
+#[allow(clippy::too_many_arguments)]
 fn run_faulty(
     which: Which,
     algorithm: Algorithm,
