@@ -1,0 +1,272 @@
+//! The direct algorithms: every member reads what it needs from every
+//! other member's registered memory, one-sidedly.
+//!
+//! Messages per pair, in order: `Ready` (my memory is readable), then for
+//! all-reduce `Signal` (my chunk is reduced: read it; and I no longer read
+//! your chunk of mine), then `Done` (I finished reading your memory) and
+//! `Ack` (I saw your `Done` while still holding my memory). Who writes
+//! what, and when, is stated at each `unsafe` block.
+
+use std::ops::Range;
+
+use super::{Ctx, OpDesc, Operand, chunk_bytes_of, join_collect, join_peers, pieces};
+use crate::collective::wire::{Body, Region};
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::reduce::{ReduceOp, finish, fold, fold_into, fold_rev};
+use crate::transport::Transport;
+
+/// Every other member's regions, by rank.
+async fn readies<T: Transport>(
+    cx: &Ctx<'_, T>,
+    others: &[usize],
+    desc: &OpDesc,
+    len: usize,
+) -> Result<Vec<Option<Region>>, Error> {
+    let got = join_collect(others.iter().copied().map(|q| async move {
+        let mut regions = cx.recv_ready(q, desc, &[len]).await?;
+        Ok((q, regions.remove(0)))
+    }))
+    .await?;
+    let mut peers = vec![None; cx.size()];
+    for (q, region) in got {
+        peers[q] = Some(region);
+    }
+    Ok(peers)
+}
+
+/// The last messages with `q`: my `Done`, its `Done`, my `Ack`, its `Ack`.
+async fn close<T: Transport>(cx: &Ctx<'_, T>, q: usize) -> Result<(), Error> {
+    cx.send(q, Body::Done).await?;
+    cx.recv_done(q).await?;
+    cx.send(q, Body::Ack).await?;
+    cx.recv_ack(q).await
+}
+
+/// Where a reduced chunk goes.
+enum Out<'a> {
+    /// Over this member's own chunk of the input (all-reduce).
+    InPlace,
+    /// Into a local buffer holding just the chunk (reduce-scatter).
+    Separate(&'a mut [u8]),
+}
+
+/// Folds `chunk` (bytes of the operand) over every member in rank order,
+/// piece by piece: the other members' pieces are read into slots of `tmp`
+/// (this member's slot holds the running value), this member's own piece
+/// is used where it lies, and the last step writes the result.
+#[allow(clippy::too_many_arguments)]
+async fn reduce_chunk<T: Transport>(
+    cx: &Ctx<'_, T>,
+    input: &Operand,
+    peers: &[Option<Region>],
+    chunk: Range<usize>,
+    dtype: DType,
+    op: ReduceOp,
+    tmp: &mut Vec<u8>,
+    mut out: Out<'_>,
+) -> Result<(), Error> {
+    let (r, p) = (cx.rank(), cx.size());
+    let sub = cx.chunk_bytes;
+    if tmp.len() < p * sub {
+        tmp.resize(p * sub, 0);
+    }
+    let base = chunk.start;
+    for piece in pieces(chunk, sub) {
+        let len = piece.len();
+        let mut slots: Vec<&mut [u8]> = tmp[..p * sub]
+            .chunks_mut(sub)
+            .map(|s| &mut s[..len])
+            .collect();
+        let reads = slots
+            .iter_mut()
+            .enumerate()
+            .filter(|(q, _)| *q != r)
+            .map(|(q, slot)| {
+                // `readies` filled every other rank.
+                let region = peers[q].as_ref().expect("a region of every other rank");
+                (q, region, piece.start, &mut **slot)
+            })
+            .collect();
+        cx.read_many(reads).await?;
+        let acc = std::mem::take(&mut slots[r]);
+        let local = piece.start - base..piece.end - base;
+        // SAFETY (both `bytes` and `bytes_mut` below): in the reduce phase
+        // nobody but this member reads or writes its own chunk of the
+        // input; the shared and the mutable slice never live at once.
+        let own = || unsafe { input.bytes(piece.clone()) };
+        let x = |q: usize| -> &[u8] { if q == r { own() } else { &*slots[q] } };
+        if p == 1 {
+            match &mut out {
+                Out::InPlace => {}
+                Out::Separate(o) => o[local.clone()].copy_from_slice(own()),
+            }
+        } else {
+            if p > 2 {
+                fold_into(op, dtype, acc, x(0), x(1));
+                for q in 2..p - 1 {
+                    fold(op, dtype, acc, x(q));
+                }
+            } else {
+                acc.copy_from_slice(x(0));
+            }
+            // The last step: result = acc op x(p - 1).
+            let last = p - 1;
+            match &mut out {
+                Out::Separate(o) => fold_into(op, dtype, &mut o[local.clone()], acc, x(last)),
+                Out::InPlace if r == last => {
+                    fold_rev(op, dtype, acc, unsafe { input.bytes_mut(piece.clone()) })
+                }
+                Out::InPlace => {
+                    let y = &*slots[last];
+                    fold_into(op, dtype, unsafe { input.bytes_mut(piece.clone()) }, acc, y)
+                }
+            }
+        }
+        let done = match &mut out {
+            Out::InPlace => unsafe { input.bytes_mut(piece.clone()) },
+            Out::Separate(o) => &mut o[local],
+        };
+        finish(op, dtype, done, p);
+    }
+    Ok(())
+}
+
+pub(super) async fn broadcast<T: Transport>(
+    cx: &Ctx<'_, T>,
+    data: &Operand,
+    desc: &OpDesc,
+    root: usize,
+) -> Result<(), Error> {
+    if cx.rank() == root {
+        let others = cx.others();
+        let ready = Body::Ready {
+            desc: desc.clone(),
+            regions: vec![data.whole()],
+        };
+        cx.send_all(&others, ready).await?;
+        join_peers(others.iter().copied().map(|q| async move {
+            cx.recv_done(q).await?;
+            cx.send(q, Body::Ack).await
+        }))
+        .await
+    } else {
+        let regions = cx.recv_ready(root, desc, &[data.len()]).await?;
+        // SAFETY: in a broadcast nobody reads a non-root's memory, and only
+        // this call writes it.
+        let dst = unsafe { data.bytes_mut(0..data.len()) };
+        cx.read(root, &regions[0], 0, dst).await?;
+        cx.send(root, Body::Done).await?;
+        cx.recv_ack(root).await
+    }
+}
+
+pub(super) async fn all_reduce<T: Transport>(
+    cx: &Ctx<'_, T>,
+    data: &Operand,
+    desc: &OpDesc,
+    tmp: &mut Vec<u8>,
+) -> Result<(), Error> {
+    let (r, p) = (cx.rank(), cx.size());
+    let op = desc.reduce.expect("an all-reduce has a reduction");
+    let others = cx.others();
+    cx.send_all(
+        &others,
+        Body::Ready {
+            desc: desc.clone(),
+            regions: vec![data.whole()],
+        },
+    )
+    .await?;
+    let peers = readies(cx, &others, desc, data.len()).await?;
+    let chunks = chunk_bytes_of(data.len(), p, desc.dtype.size_bytes());
+    reduce_chunk(
+        cx,
+        data,
+        &peers,
+        chunks[r].clone(),
+        desc.dtype,
+        op,
+        tmp,
+        Out::InPlace,
+    )
+    .await?;
+    cx.send_all(&others, Body::Signal { step: 0, sub: 0 })
+        .await?;
+    join_peers(others.iter().copied().map(|q| {
+        let c = chunks[q].clone();
+        let region = peers[q].as_ref().expect("a region of every other rank");
+        async move {
+            cx.recv_signal(q, 0, 0).await?;
+            // SAFETY: chunk q of this member's tensor: rank q finished
+            // reading it (its Signal), no other member reads it, and only
+            // this future writes it.
+            let dst = unsafe { data.bytes_mut(c.clone()) };
+            cx.read(q, region, c.start, dst).await?;
+            close(cx, q).await
+        }
+    }))
+    .await
+}
+
+pub(super) async fn reduce_scatter<T: Transport>(
+    cx: &Ctx<'_, T>,
+    input: &Operand,
+    desc: &OpDesc,
+    out: &mut [u8],
+    tmp: &mut Vec<u8>,
+) -> Result<(), Error> {
+    let (r, p) = (cx.rank(), cx.size());
+    let op = desc.reduce.expect("a reduce-scatter has a reduction");
+    let others = cx.others();
+    cx.send_all(
+        &others,
+        Body::Ready {
+            desc: desc.clone(),
+            regions: vec![input.whole()],
+        },
+    )
+    .await?;
+    let peers = readies(cx, &others, desc, input.len()).await?;
+    let chunk = chunk_bytes_of(input.len(), p, desc.dtype.size_bytes())[r].clone();
+    reduce_chunk(
+        cx,
+        input,
+        &peers,
+        chunk,
+        desc.dtype,
+        op,
+        tmp,
+        Out::Separate(out),
+    )
+    .await?;
+    join_peers(others.iter().copied().map(|q| close(cx, q))).await
+}
+
+pub(super) async fn all_gather<T: Transport>(
+    cx: &Ctx<'_, T>,
+    data: &Operand,
+    desc: &OpDesc,
+) -> Result<(), Error> {
+    let p = cx.size();
+    let slot = data.len() / p;
+    let others = cx.others();
+    cx.send_all(
+        &others,
+        Body::Ready {
+            desc: desc.clone(),
+            regions: vec![data.whole()],
+        },
+    )
+    .await?;
+    join_peers(others.iter().copied().map(|q| async move {
+        let regions = cx.recv_ready(q, desc, &[data.len()]).await?;
+        let s = q * slot..(q + 1) * slot;
+        // SAFETY: peers read only slot `rank` of this member's output; slot
+        // q is written only by this future.
+        let dst = unsafe { data.bytes_mut(s.clone()) };
+        cx.read(q, &regions[0], s.start, dst).await?;
+        close(cx, q).await
+    }))
+    .await
+}
