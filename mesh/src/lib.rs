@@ -61,7 +61,10 @@ pub use bootstrap::{
 };
 pub use cast::{Delivered, Reduced, ValueMesh};
 pub use error::{MemberError, MembersFailed, MeshError};
-pub use member::{ChannelError, Member, PeerChannel, PeerState, PeersRestarted, StartContext};
+pub use member::{
+    ChannelError, ChannelReceiver, ChannelSender, Member, PeerChannel, PeerState, PeersRestarted,
+    StartContext,
+};
 pub use policy::{Decision, FailureCause, MeshFailure, MeshPolicy, MeshStatus};
 pub use protocol::StartKind;
 pub use reducer::{Max, Min, Reducer, Sum};

@@ -33,6 +33,7 @@ use regent_rdma::BufferManager;
 use tokio::time::Instant;
 
 pub mod local;
+pub mod mesh;
 
 /// Why the transport could not send or receive.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

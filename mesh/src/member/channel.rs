@@ -77,12 +77,28 @@ impl Message for ChannelMsg {
     const TYPE_NAME: &'static str = "regent/mesh/Channel";
 }
 
-/// A member's end of a data channel (see the module docs).
+/// A member's end of a data channel (see the module docs): a sending half
+/// and a receiving half, which [`PeerChannel::split`] separates (to send
+/// from one task and receive in another).
 pub struct PeerChannel {
+    sender: ChannelSender,
+    receiver: ChannelReceiver,
+}
+
+/// The sending half of a [`PeerChannel`]; cheap to clone.
+#[derive(Clone)]
+pub struct ChannelSender {
     endpoint: Endpoint,
     me: ActorId,
     rank: Rank,
     port: u32,
+    known: Arc<KnownMesh>,
+    state: watch::Receiver<PeerState>,
+}
+
+/// The receiving half of a [`PeerChannel`].
+pub struct ChannelReceiver {
+    me: ActorId,
     inbox: Inbox,
     known: Arc<KnownMesh>,
     state: watch::Receiver<PeerState>,
@@ -94,8 +110,25 @@ pub struct PeerChannel {
 impl std::fmt::Debug for PeerChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeerChannel")
+            .field("me", &self.sender.me)
+            .field("port", &self.sender.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for ChannelSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelSender")
             .field("me", &self.me)
             .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for ChannelReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelReceiver")
+            .field("me", &self.me)
             .finish_non_exhaustive()
     }
 }
@@ -113,32 +146,83 @@ impl PeerChannel {
         let state = known.state.subscribe();
         inbox.set_fence(state.borrow().generation);
         Ok(Self {
-            endpoint,
-            me,
-            rank: member.rank(),
-            port,
-            inbox,
-            known,
-            state,
-            early: HashMap::new(),
-            early_count: 0,
-            early_bytes: 0,
+            sender: ChannelSender {
+                endpoint,
+                me: me.clone(),
+                rank: member.rank(),
+                port,
+                known: known.clone(),
+                state: state.clone(),
+            },
+            receiver: ChannelReceiver {
+                me,
+                inbox,
+                known,
+                state,
+                early: HashMap::new(),
+                early_count: 0,
+                early_bytes: 0,
+            },
         })
     }
 
     /// This member's rank.
     pub fn rank(&self) -> Rank {
-        self.rank
+        self.sender.rank
     }
 
     /// The number of members of the mesh.
     pub fn size(&self) -> u32 {
-        self.known.info().members()
+        self.sender.known.info().members()
+    }
+
+    /// The mesh's generation now.
+    pub fn generation(&self) -> Generation {
+        self.sender.generation()
+    }
+
+    /// Sends `data` to `rank` (see [`ChannelSender::send`]).
+    pub async fn send(
+        &self,
+        rank: Rank,
+        data: Bytes,
+        deadline: Instant,
+    ) -> Result<(), ChannelError> {
+        self.sender.send(rank, data, deadline).await
+    }
+
+    /// The next message from `rank` (see [`ChannelReceiver::recv_from`]).
+    pub async fn recv_from(
+        &mut self,
+        rank: Rank,
+        deadline: Instant,
+    ) -> Result<Bytes, ChannelError> {
+        self.receiver.recv_from(rank, deadline).await
+    }
+
+    /// The two halves.
+    pub fn split(self) -> (ChannelSender, ChannelReceiver) {
+        (self.sender, self.receiver)
+    }
+}
+
+impl ChannelSender {
+    /// This member's rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
     }
 
     /// The mesh's generation now.
     pub fn generation(&self) -> Generation {
         self.state.borrow().generation
+    }
+
+    /// The largest message the channel carries.
+    pub fn max_message_bytes(&self) -> usize {
+        self.endpoint
+            .config()
+            .max_frame_bytes
+            .saturating_sub(CHANNEL_HEADROOM_BYTES)
     }
 
     fn target(&self, rank: Rank) -> Result<PortId, ChannelError> {
@@ -179,6 +263,19 @@ impl PeerChannel {
             }),
             Err(_) => Err(ChannelError::Timeout(rank)),
         }
+    }
+}
+
+/// Room in a frame for the envelope around a channel message.
+const CHANNEL_HEADROOM_BYTES: usize = 1024;
+
+impl ChannelReceiver {
+    fn size(&self) -> u32 {
+        self.known.info().members()
+    }
+
+    fn generation(&self) -> Generation {
+        self.state.borrow().generation
     }
 
     /// The next message from `rank`, waiting until `deadline`; fails at once
@@ -222,26 +319,8 @@ impl PeerChannel {
                 }
                 () = tokio::time::sleep_until(deadline) => return Err(ChannelError::Timeout(rank)),
             };
-            let generation = self.generation();
-            if delivery.generation < generation {
-                tracing::debug!(from = %delivery.sender, "channel message of an older generation dropped");
+            let Some((from, data)) = self.take(delivery) else {
                 continue;
-            }
-            let from = delivery.sender.index;
-            let info = self.known.info();
-            let authentic = from < info.members()
-                && delivery.sender.name == self.me.name
-                && info.procs[(from / info.per_proc) as usize].proc == delivery.sender.proc;
-            if !authentic {
-                tracing::warn!(from = %delivery.sender, "channel message from a sender that does not host that rank refused");
-                continue;
-            }
-            let data = match delivery.decode::<ChannelMsg>() {
-                Ok(ChannelMsg(d)) => d,
-                Err(e) => {
-                    tracing::warn!(error = %e, "undecodable channel message dropped");
-                    continue;
-                }
             };
             if from == rank.0 {
                 return Ok(data);
@@ -254,6 +333,63 @@ impl PeerChannel {
             self.early_count += 1;
             self.early_bytes += data.len();
             self.early.entry(from).or_default().push_back(data);
+        }
+    }
+
+    /// The next message from any rank (those kept by [`recv_from`]
+    /// first), waiting until `deadline`. Peers' failures do not end it:
+    /// watch [`Member::peer_state`] for them.
+    ///
+    /// [`recv_from`]: ChannelReceiver::recv_from
+    pub async fn recv_any(&mut self, deadline: Instant) -> Result<(Rank, Bytes), ChannelError> {
+        if let Some((&from, _)) = self.early.iter().find(|(_, q)| !q.is_empty()) {
+            let data = self
+                .early
+                .get_mut(&from)
+                .and_then(VecDeque::pop_front)
+                .expect("a queue found non-empty");
+            self.early_count -= 1;
+            self.early_bytes -= data.len();
+            return Ok((Rank(from), data));
+        }
+        loop {
+            let delivery = tokio::select! {
+                d = self.inbox.recv() => d.ok_or(ChannelError::Closed)?,
+                () = tokio::time::sleep_until(deadline) => return Err(ChannelError::Timeout(self.me_rank())),
+            };
+            if let Some((from, data)) = self.take(delivery) {
+                return Ok((Rank(from), data));
+            }
+        }
+    }
+
+    fn me_rank(&self) -> Rank {
+        Rank(self.me.index)
+    }
+
+    /// The sender's rank and the data of an authentic delivery of the
+    /// current generation; `None` (logged) for anything else.
+    fn take(&self, delivery: regent_net::Delivery) -> Option<(u32, Bytes)> {
+        let generation = self.generation();
+        if delivery.generation < generation {
+            tracing::debug!(from = %delivery.sender, "channel message of an older generation dropped");
+            return None;
+        }
+        let from = delivery.sender.index;
+        let info = self.known.info();
+        let authentic = from < info.members()
+            && delivery.sender.name == self.me.name
+            && info.procs[(from / info.per_proc) as usize].proc == delivery.sender.proc;
+        if !authentic {
+            tracing::warn!(from = %delivery.sender, "channel message from a sender that does not host that rank refused");
+            return None;
+        }
+        match delivery.decode::<ChannelMsg>() {
+            Ok(ChannelMsg(d)) => Some((from, d)),
+            Err(e) => {
+                tracing::warn!(error = %e, "undecodable channel message dropped");
+                None
+            }
         }
     }
 }

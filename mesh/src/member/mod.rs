@@ -27,7 +27,7 @@ use crate::shape::{Point, Rank};
 
 pub(crate) use crate::mailbox::MemberMsg;
 pub use crate::mailbox::PeersRestarted;
-pub use channel::{ChannelError, PeerChannel};
+pub use channel::{ChannelError, ChannelReceiver, ChannelSender, PeerChannel};
 
 /// Why a member started, and who can serve it state.
 #[derive(Debug, Clone, PartialEq, Eq)]
