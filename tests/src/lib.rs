@@ -6,3 +6,4 @@ pub mod mesh_actors;
 pub mod peers;
 pub mod process;
 pub mod tempdir;
+pub mod tensor_actors;
