@@ -152,6 +152,7 @@ enum Suite {
     Mesh,
     Recovery,
     Rdma,
+    Tensor,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -181,6 +182,7 @@ fn main() -> anyhow::Result<()> {
                     Suite::Rdma => bench::rdma::run(opts, &mut report).await,
                     Suite::Mesh => bench::mesh::run(opts, &mut report).await,
                     Suite::Recovery => bench::recovery::run(opts, &mut report).await,
+                    Suite::Tensor => bench::tensor::run(opts, &mut report).await,
                 }
             })?;
             if let Some(path) = json {

@@ -22,6 +22,7 @@ mod peer;
 pub(crate) mod rdma;
 pub(crate) mod recovery;
 pub(crate) mod supervision;
+pub(crate) mod tensor;
 
 /// Options shared by every suite.
 #[derive(Debug, Clone, Copy)]
