@@ -663,3 +663,25 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     pm.stop(Duration::from_secs(2)).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_takes_its_slowest_member_and_the_figure_their_median() {
+        // Run i's time is the slowest member's: [3, 5, 4]; the median is 4.
+        let per_rank = vec![vec![1.0, 5.0, 4.0], vec![3.0, 2.0, 0.5]];
+        assert_eq!(slowest_median(&per_rank).unwrap(), (4.0, 3));
+        assert!(slowest_median(&[vec![1.0], vec![1.0, 2.0]]).is_err());
+        assert!(slowest_median(&[Vec::new()]).is_err());
+    }
+
+    #[test]
+    fn sizes_and_iterations_from_the_wire_are_bounded() {
+        assert_eq!(f32_len(4 << 20).unwrap(), 1 << 20);
+        assert!(f32_len(0).is_err() && f32_len(6).is_err() && f32_len(32 << 30).is_err());
+        assert!(checked_iterations(MAX_ITERATIONS).is_ok());
+        assert!(checked_iterations(u32::MAX).is_err());
+    }
+}
