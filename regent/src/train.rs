@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use regent_mesh::Decision;
-use regent_train::job::run::{FaultKind, FaultPlan, reference};
-use regent_train::job::{JobConfig, JobEvent, JobSpec, ModelSpec, OptimSpec, run_job};
+use std::sync::Arc;
+
+use regent_train::job::run::{FaultKind, FaultPlan, Isolate, reference};
+use regent_train::job::{JobCluster, JobConfig, JobEvent, JobSpec, ModelSpec, OptimSpec, run_job};
 
 /// What `regent train` was asked.
 #[derive(Debug, Clone)]
@@ -26,8 +28,8 @@ pub(crate) struct TrainOptions {
     pub(crate) step_timeout: Duration,
 }
 
-/// Parses `--chaos`: `KIND[,KIND...][:EVERY]` (kinds `kill`, `pause`;
-/// `EVERY` like `15s`, `500ms`; default 15 s).
+/// Parses `--chaos`: `KIND[,KIND...][:EVERY]` (kinds `kill`, `pause`,
+/// `partition`; `EVERY` like `15s`, `500ms`; default 15 s).
 pub(crate) fn parse_chaos(text: &str, seed: u64, until_step: u64) -> Result<FaultPlan, String> {
     let (kinds, every) = match text.split_once(':') {
         Some((k, e)) => (k, crate::chaos::parse_duration(e)?),
@@ -41,7 +43,8 @@ pub(crate) fn parse_chaos(text: &str, seed: u64, until_step: u64) -> Result<Faul
         .map(|k| match k.trim() {
             "kill" => Ok(FaultKind::Kill),
             "pause" => Ok(FaultKind::Pause),
-            other => Err(format!("unknown fault kind {other:?} (kill, pause)")),
+            "partition" => Ok(FaultKind::Partition),
+            other => Err(format!("unknown fault kind {other:?} (kill, pause, partition)")),
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(FaultPlan {
@@ -115,7 +118,44 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
     );
     let mut faults = 0;
     let mut steps_seen: Vec<std::time::Instant> = Vec::new();
-    let report = run_job(config, |e| match e {
+    // Partitions need UDP proxies in front of every endpoint: the chaos
+    // crate's cluster; otherwise the plain local allocator.
+    let partitions = config
+        .faults
+        .as_ref()
+        .is_some_and(|f| f.kinds.contains(&FaultKind::Partition));
+    let mut chaos_cluster = None;
+    let cluster = if partitions {
+        let c = regent_chaos::ChaosCluster::start(
+            regent_chaos::ClusterConfig::default(),
+            regent_chaos::Seed(opts.seed),
+        )
+        .await?;
+        let network = c.network().clone();
+        let chaos_alloc = c.allocator().clone();
+        let isolate: Isolate = Arc::new(move |proc, cut| {
+            if let Some(node) = chaos_alloc.node_of(proc) {
+                network.update(|r| {
+                    if cut {
+                        r.isolated.insert(node);
+                    } else {
+                        r.isolated.remove(&node);
+                    }
+                });
+            }
+        });
+        let allocator: Arc<dyn regent_mesh::alloc::Allocator> = c.allocator().clone();
+        let cluster = JobCluster {
+            runtime: c.runtime().clone(),
+            allocator,
+            isolate: Some(isolate),
+        };
+        chaos_cluster = Some(c);
+        cluster
+    } else {
+        JobCluster::local(regent_mesh::RuntimeConfig::default()).await?
+    };
+    let report = run_job(config, cluster, |e| match e {
         JobEvent::Started { step, parameters } => {
             bar.set_position(step);
             bar.println(format!(
@@ -146,6 +186,9 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
     })
     .await?;
     bar.finish_and_clear();
+    if let Some(c) = chaos_cluster {
+        c.shutdown(Duration::from_secs(5)).await;
+    }
     println!("{report}");
     if !opts.verify {
         return Ok(true);

@@ -32,6 +32,9 @@ pub enum FaultKind {
     Kill,
     /// SIGSTOP a proc, SIGCONT it after a while.
     Pause,
+    /// Cut a proc off from everyone for a while (the cluster must be able
+    /// to: [`JobCluster::isolate`]).
+    Partition,
 }
 
 impl FaultKind {
@@ -40,7 +43,36 @@ impl FaultKind {
         match self {
             Self::Kill => "kill",
             Self::Pause => "pause",
+            Self::Partition => "partition",
         }
+    }
+}
+
+/// Cuts a proc off from everyone (`true`) or heals it (`false`).
+pub type Isolate = Arc<dyn Fn(&regent_net::ProcId, bool) + Send + Sync>;
+
+/// Where a job runs: a controller, the allocator of its procs, and (for
+/// partitions) a way to cut procs off.
+#[derive(Clone)]
+pub struct JobCluster {
+    /// The controller.
+    pub runtime: Runtime,
+    /// Starts and signals the procs.
+    pub allocator: Arc<dyn Allocator>,
+    /// Cuts a proc off or heals it, where the cluster can (chaos proxies).
+    pub isolate: Option<Isolate>,
+}
+
+impl JobCluster {
+    /// A controller with `config` and procs of this binary on this machine.
+    pub async fn local(config: RuntimeConfig) -> Result<Self, Error> {
+        let runtime = Runtime::start(config).await?;
+        let allocator = runtime.local_allocator()?;
+        Ok(Self {
+            runtime,
+            allocator,
+            isolate: None,
+        })
     }
 }
 
@@ -80,8 +112,6 @@ pub struct JobConfig {
     pub step_timeout: Duration,
     /// libtorch intra-op threads per member.
     pub threads: i32,
-    /// The controller's settings (and its procs').
-    pub runtime: RuntimeConfig,
     /// Faults to inject.
     pub faults: Option<FaultPlan>,
 }
@@ -98,7 +128,6 @@ impl JobConfig {
             on_failure: Decision::RestartMember,
             step_timeout: Duration::from_secs(30),
             threads: 1,
-            runtime: RuntimeConfig::default(),
             faults: None,
         }
     }
@@ -305,13 +334,18 @@ fn answers(vm: &regent_mesh::ValueMesh<TrainerReply>) -> Vec<&TrainerReply> {
     vm.values().iter().map(|(_, r)| r).collect()
 }
 
-/// Runs a job to its last step; `events` hears of its progress.
-pub async fn run_job(config: JobConfig, mut events: impl FnMut(JobEvent)) -> Result<Report, Error> {
+/// Runs a job on `cluster` to its last step; `events` hears of its
+/// progress.
+pub async fn run_job(
+    config: JobConfig,
+    cluster: JobCluster,
+    mut events: impl FnMut(JobEvent),
+) -> Result<Report, Error> {
     let t0 = Instant::now();
     let world = config.spec.world;
-    let rt = Runtime::start(config.runtime.clone()).await?;
-    let alloc: Arc<dyn Allocator> = rt.local_allocator()?;
-    let procs = rt
+    let alloc = cluster.allocator.clone();
+    let procs = cluster
+        .runtime
         .spawn_procs(
             alloc,
             Shape::new([("procs", world as usize)]).map_err(regent_mesh::MeshError::from)?,
@@ -329,7 +363,7 @@ pub async fn run_job(config: JobConfig, mut events: impl FnMut(JobEvent)) -> Res
         .await?;
     let log = Arc::new(Mutex::new(Log::default()));
     let mut report = Report::default();
-    let result = drive(&config, &mesh, &procs, &log, &mut report, &mut events).await;
+    let result = drive(&config, &cluster, &mesh, &procs, &log, &mut report, &mut events).await;
     report.wall = t0.elapsed();
     report.generation = mesh.generation().0;
     let _ = mesh.stop().await;
@@ -339,6 +373,7 @@ pub async fn run_job(config: JobConfig, mut events: impl FnMut(JobEvent)) -> Res
 
 async fn drive(
     config: &JobConfig,
+    cluster: &JobCluster,
     mesh: &ActorMesh<Trainer>,
     procs: &ProcMesh,
     log: &Arc<Mutex<Log>>,
@@ -367,9 +402,13 @@ async fn drive(
     };
     let committed_now = Arc::new(std::sync::atomic::AtomicU64::new(committed));
     let injector = config.faults.clone().map(|plan| {
+        if plan.kinds.contains(&FaultKind::Partition) && cluster.isolate.is_none() {
+            tracing::warn!("this cluster cannot cut procs off: partitions are left out");
+        }
         tokio::spawn(inject(
             plan,
             procs.allocator().clone(),
+            cluster.isolate.clone(),
             mesh.clone(),
             log.clone(),
             committed_now.clone(),
@@ -662,6 +701,7 @@ async fn recover(
 async fn inject(
     plan: FaultPlan,
     allocator: Arc<dyn Allocator>,
+    isolate: Option<Isolate>,
     mesh: ActorMesh<Trainer>,
     log: Arc<Mutex<Log>>,
     committed: Arc<std::sync::atomic::AtomicU64>,
@@ -682,6 +722,9 @@ async fn inject(
         }
         let kind = plan.kinds[i % plan.kinds.len().max(1)];
         i += 1;
+        if kind == FaultKind::Partition && isolate.is_none() {
+            continue;
+        }
         let procs = mesh.procs();
         if procs.is_empty() || !matches!(mesh.status(), MeshStatus::Running) {
             continue;
@@ -700,6 +743,13 @@ async fn inject(
                 let _ = allocator.signal(&proc, ProcSignal::Stop).await;
                 tokio::time::sleep(plan.pause).await;
                 let _ = allocator.signal(&proc, ProcSignal::Cont).await;
+            }
+            FaultKind::Partition => {
+                if let Some(isolate) = &isolate {
+                    isolate(&proc, true);
+                    tokio::time::sleep(plan.pause).await;
+                    isolate(&proc, false);
+                }
             }
         }
     }
