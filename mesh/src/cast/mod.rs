@@ -105,8 +105,13 @@ impl Caster {
             call: u64::MAX,
         });
         let name = info.name.clone();
-        self.jobs
-            .send(Job { info, frame, done })
+        // The hand-over is the cast's place in the order, so it must not
+        // yield to tokio's cooperative budget: a budget-exhausted send
+        // returns `Pending` without queueing, and when many casts are polled
+        // together (`join_all`) a later one would take its place. Unbudgeted,
+        // the send queues at once (or waits in the channel's FIFO queue when
+        // it is full).
+        tokio::task::unconstrained(self.jobs.send(Job { info, frame, done }))
             .await
             .map_err(|_| MeshError::Stopped(name.clone()))?;
         match answer {
