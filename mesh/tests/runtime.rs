@@ -167,29 +167,74 @@ async fn the_controller_sends_at_most_fanout_messages_per_cast() {
     assert_eq!(mesh.call_one(Rank(39), &Op::Total).await.unwrap(), 115);
 }
 
+/// One sender with hundreds of casts in flight at once (awaited casts and
+/// fire-and-forget ones, handed over in order and only then awaited) through
+/// a four-level tree (9 procs, fan-out 2): every member sees its casts in
+/// the order they were sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn casts_from_one_sender_arrive_in_order_through_the_tree() {
     let fanout = NonZeroU32::new(2).unwrap();
     let (_rt, _pm, mesh) = setup(9, 2, RuntimeConfig::default().fanout(fanout)).await;
-    let selections = [Selection::All, sel("procs=4..9"), sel("procs=8")];
+    assert!(
+        regent_mesh::tree::depth(9, fanout) >= 3,
+        "the tree has at least three levels below the sender"
+    );
+    let selections = [
+        Selection::All,
+        sel("procs=4..9"),
+        sel("procs=8"),
+        sel("procs=1..7,actors=1"),
+        sel("procs=0"),
+    ];
+    const CASTS: u64 = 400;
     let mut expected = vec![Vec::new(); 18];
-    for i in 0..60u64 {
-        let s = &selections[(i % 3) as usize];
+    let mut in_flight = Vec::new();
+    for i in 0..CASTS {
+        let s = &selections[(i % selections.len() as u64) as usize];
         for r in s.eval(&mesh.shape(), 0).unwrap() {
             expected[r.index()].push(i);
         }
-        mesh.cast(s, &Op::Add(i))
-            .await
-            .unwrap()
-            .into_result()
-            .unwrap();
+        let mesh = &mesh;
+        let op = Op::Add(i);
+        // Every third cast does not wait for its members at all.
+        let cast: futures::future::BoxFuture<'_, Result<(), String>> = if i % 3 == 2 {
+            Box::pin(async move { mesh.cast_nowait(s, &op).await.map_err(|e| e.to_string()) })
+        } else {
+            Box::pin(async move {
+                match mesh.cast(s, &op).await {
+                    Ok(d) => d.into_result().map(|_| ()).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        };
+        in_flight.push(cast);
     }
+    // Polled in the order they were made: each is handed to the caster on
+    // its first poll, and only then does any of them wait.
+    for (i, r) in futures::future::join_all(in_flight)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        r.unwrap_or_else(|e| panic!("cast {i} failed: {e}"));
+    }
+    // The call is one more cast of the same sender: it reaches each member
+    // after every cast before it, the fire-and-forget ones included.
     let hashes = mesh.call(&Selection::All, &Op::OrderHash).await.unwrap();
-    assert_eq!(hashes.len(), 18);
-    for (r, h) in hashes.values() {
+    assert_eq!(hashes.len(), 18, "{:?}", hashes.failed());
+    let totals = mesh.call(&Selection::All, &Op::Total).await.unwrap();
+    for ((r, h), (_, total)) in hashes.values().iter().zip(totals.values()) {
+        let mine = &expected[r.index()];
+        assert_eq!(
+            *total,
+            10 + mine.iter().sum::<u64>(),
+            "rank {} did not get each of its {} casts exactly once",
+            r.0,
+            mine.len()
+        );
         assert_eq!(
             *h,
-            order_hash(&expected[r.index()]),
+            order_hash(mine),
             "rank {} saw its casts out of order",
             r.0
         );
