@@ -299,49 +299,98 @@ async fn failures_are_reported_by_rank_and_nothing_hangs() {
     ));
 }
 
+/// Others of the cluster tell a proc to exit and to stop the mesh's
+/// members: another proc, and another controller of the same CA. The proc
+/// obeys neither. Each then
+/// casts (with the mesh's capability, which anyone handed a reference may
+/// use) on the same (sender, receiver) stream, so once that cast has reached
+/// the member, the proc has handled the commands before it: the test waits
+/// for that outcome instead of sleeping.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_owner_controls_a_proc() {
+    use regent_mesh::protocol::{CastFrame, Collect, MeshInfo, ProcCommand};
+    use regent_net::{
+        ActorId, ActorName, Endpoint, EndpointConfig, Generation, ProcId, Role, Validity,
+    };
     let (rt, _pm, mesh) = setup(2, 1, RuntimeConfig::default()).await;
-    // Another member of the cluster (a valid certificate from the same CA)
-    // tells a proc to exit.
-    let intruder = regent_net::ProcId::new("intruder").unwrap();
-    let endpoint = regent_net::Endpoint::bind(
-        rt.ca()
-            .issue(
-                &intruder,
-                regent_net::Role::Proc,
-                regent_net::Validity::job(),
-            )
-            .unwrap(),
-        "127.0.0.1:0".parse().unwrap(),
-        regent_net::EndpointConfig::default(),
-    )
-    .unwrap();
+    // A reference carries the mesh's info, capability included.
+    let info: MeshInfo =
+        postcard::from_bytes(&postcard::to_allocvec(&mesh.reference()).unwrap()).unwrap();
     let target = mesh.procs()[1].clone();
-    endpoint.add_route(target.clone());
-    let to = regent_net::ActorId {
+    let to = ActorId {
         proc: target.proc.clone(),
-        name: regent_net::ActorName::new("regent-proc").unwrap(),
+        name: ActorName::new("regent-proc").unwrap(),
         index: 0,
     }
     .port(0);
-    endpoint
-        .send(
-            &intruder.actor("x", 0).unwrap(),
-            &to,
-            regent_net::Generation(0),
-            regent_mesh::protocol::ProcCommand::Exit,
+    let mut total = 10;
+    for (i, (name, role)) in [
+        ("intruder", Role::Proc),
+        ("other-controller", Role::Controller),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let me = ProcId::new(name).unwrap();
+        let endpoint = Endpoint::bind(
+            rt.ca().issue(&me, role, Validity::job()).unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+            EndpointConfig::default(),
         )
+        .unwrap();
+        endpoint.add_route(target.clone());
+        let actor = me.actor("x", 0).unwrap();
+        let mut replies = endpoint.open_port(actor.port(1)).unwrap();
+        let send = |cmd: ProcCommand| endpoint.send(&actor, &to, Generation(0), cmd);
+        send(ProcCommand::Exit).await.unwrap();
+        send(ProcCommand::Stop {
+            call: 1,
+            reply_to: replies.port().clone(),
+            mesh: mesh.id(),
+        })
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let vm = mesh.call(&Selection::All, &Op::Rank).await.unwrap();
-    assert_eq!(
-        vm.len(),
-        2,
-        "the proc ignored the intruder: {:?}",
-        vm.failed()
-    );
+        let add = 1000 * (i as u64 + 1);
+        send(ProcCommand::Cast(CastFrame {
+            mesh: info.id,
+            generation: info.generation,
+            token: info.token,
+            origin: actor.clone(),
+            view: info.shape.clone(),
+            selection: Selection::All,
+            seed: 0,
+            procs: (1, 2),
+            per_proc: 1,
+            lost: Vec::new(),
+            payload: postcard::to_allocvec(&Op::Add(add)).unwrap().into(),
+            reply: None,
+            collect: Collect::Ack,
+            budget_ms: 1000,
+        }))
+        .await
+        .unwrap();
+        total += add;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match mesh.call_one(Rank(1), &Op::Total).await {
+                Ok(t) if t == total => break,
+                Ok(t) => assert!(t < total, "{name}: total {t}"),
+                Err(e) => panic!("{name}: the proc obeyed: {e}"),
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: the cast after the commands never arrived (the proc obeyed the exit?)"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            replies.try_recv().is_none(),
+            "{name}: the stop was answered"
+        );
+        let vm = mesh.call(&Selection::All, &Op::Rank).await.unwrap();
+        assert_eq!(vm.len(), 2, "{name}: the proc obeyed: {:?}", vm.failed());
+        endpoint.close();
+    }
 }
 
 /// A mesh actor type this binary never registers.
