@@ -798,3 +798,540 @@ async fn a_command_from_another_than_the_owner_is_refused_and_logged() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// Hostile frames.
+
+mod hostile {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use proptest::prelude::*;
+    use regent_mesh::protocol::{MAX_BUDGET_MS, MAX_PER_PROC, MAX_PROCS};
+
+    /// Panics anywhere in this process but in this file (where other tests
+    /// inject theirs on purpose): a proc that panics on a frame shows here.
+    pub(super) static PANICS: AtomicUsize = AtomicUsize::new(0);
+
+    pub(super) fn count_panics() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                let here = info
+                    .location()
+                    .is_some_and(|l| l.file().ends_with("tests/review.rs"));
+                if !here {
+                    PANICS.fetch_add(1, Ordering::SeqCst);
+                }
+                previous(info);
+            }));
+        });
+    }
+
+    /// How a frame's view is made.
+    #[derive(Debug, Clone)]
+    pub(super) enum View {
+        /// The mesh's own shape.
+        Mesh,
+        /// A slice of it along `procs`.
+        Procs(usize, usize),
+        /// Its members at one `actors` index.
+        Actor(usize),
+        /// A row-major shape of these sizes with the mesh's names.
+        Sized(usize, usize),
+        /// The mesh's layout at another offset.
+        Offset(usize),
+        /// A shape with other names.
+        Other(usize),
+    }
+
+    #[derive(Debug, Clone)]
+    pub(super) struct Hostile {
+        pub(super) target: u32,
+        pub(super) mesh_ok: bool,
+        pub(super) generation_ok: bool,
+        pub(super) token_ok: bool,
+        pub(super) procs: (u32, u32),
+        pub(super) per_proc: u32,
+        pub(super) view: View,
+        pub(super) selection: &'static str,
+        pub(super) seed: u64,
+        pub(super) lost: Vec<u32>,
+        pub(super) budget_ms: u32,
+        /// 0 ack, 1 gather, 2 a known reducer, 3 an unknown one, 4 a name
+        /// over the limit.
+        pub(super) collect: u8,
+        pub(super) reply: bool,
+    }
+
+    pub(super) const SELECTIONS: &[&str] = &[
+        "*",
+        "none",
+        "procs=0",
+        "procs=1..",
+        "actors=1",
+        "procs=2,actors=0",
+        "procs=..:2",
+        "any(procs=*)",
+        "first(actors:*)",
+        "procs=0 | actors=1",
+        "x=0",
+        "procs=9",
+    ];
+
+    fn edge() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            6 => 0u32..5,
+            1 => Just(MAX_PROCS - 1),
+            1 => Just(MAX_PROCS),
+            1 => Just(u32::MAX),
+            1 => any::<u32>(),
+        ]
+    }
+
+    fn view() -> impl Strategy<Value = View> {
+        prop_oneof![
+            3 => Just(View::Mesh),
+            2 => (0usize..4, 0usize..5).prop_map(|(a, b)| View::Procs(a, b)),
+            1 => (0usize..3).prop_map(View::Actor),
+            2 => (1usize..8, 1usize..5).prop_map(|(a, b)| View::Sized(a, b)),
+            1 => prop_oneof![
+                Just(1usize),
+                Just(6),
+                Just(1000),
+                Just(u32::MAX as usize - 5)
+            ]
+            .prop_map(View::Offset),
+            1 => (1usize..10).prop_map(View::Other),
+        ]
+    }
+
+    pub(super) fn hostile(procs: u32) -> impl Strategy<Value = Hostile> {
+        let range = prop_oneof![
+            3 => (0u32..procs).prop_flat_map(move |lo| (Just(lo), lo + 1..=procs)),
+            2 => (edge(), edge()),
+        ];
+        let per_proc = prop_oneof![
+            4 => Just(2u32),
+            2 => 0u32..4,
+            1 => Just(MAX_PER_PROC),
+            1 => Just(MAX_PER_PROC + 1),
+            1 => Just(u32::MAX),
+        ];
+        let budget = prop_oneof![
+            4 => 0u32..3000,
+            1 => Just(MAX_BUDGET_MS),
+            1 => Just(MAX_BUDGET_MS + 1),
+            1 => Just(u32::MAX),
+        ];
+        let lost = proptest::collection::vec(
+            prop_oneof![4 => 0u32..4, 1 => Just(MAX_PROCS), 1 => Just(u32::MAX)],
+            0..3,
+        );
+        let ids = (
+            0..procs,
+            prop::bool::weighted(0.9),
+            prop::bool::weighted(0.9),
+            prop::bool::weighted(0.8),
+        );
+        (
+            ids,
+            range,
+            per_proc,
+            view(),
+            proptest::sample::select(SELECTIONS),
+            any::<u64>(),
+            lost,
+            budget,
+            0u8..5,
+            prop::bool::weighted(0.8),
+        )
+            .prop_map(
+                |(
+                    (target, mesh_ok, generation_ok, token_ok),
+                    procs,
+                    per_proc,
+                    view,
+                    selection,
+                    seed,
+                    lost,
+                    budget_ms,
+                    collect,
+                    reply,
+                )| Hostile {
+                    target,
+                    mesh_ok,
+                    generation_ok,
+                    token_ok,
+                    procs,
+                    per_proc,
+                    view,
+                    selection,
+                    seed,
+                    lost,
+                    budget_ms,
+                    collect,
+                    reply,
+                },
+            )
+    }
+}
+
+/// The view a hostile frame carries (the mesh's own shape where the
+/// generated one cannot be made).
+fn hostile_view(info: &MeshInfo, view: &hostile::View) -> Shape {
+    use regent_mesh::shape::{DimName, Slice};
+    let made = match view {
+        hostile::View::Mesh => Ok(info.shape.clone()),
+        hostile::View::Procs(a, b) => info.shape.slice("procs", *a..*b),
+        hostile::View::Actor(i) => info.shape.at("actors", *i),
+        hostile::View::Sized(a, b) => Shape::new([("procs", *a), ("actors", *b)]),
+        hostile::View::Offset(offset) => {
+            Slice::new(*offset, vec![3, 2], vec![2, 1]).and_then(|s| {
+                Shape::from_parts(vec![DimName::new("procs")?, DimName::new("actors")?], s)
+            })
+        }
+        hostile::View::Other(n) => Shape::new([("x", *n)]),
+    };
+    made.unwrap_or_else(|_| info.shape.clone())
+}
+
+/// The members a frame may reach: those of the mesh within its proc range
+/// that its selection picks in its view — none unless it names the mesh,
+/// its generation and its capability.
+fn reachable(info: &MeshInfo, h: &hostile::Hostile, frame: &CastFrame) -> BTreeSet<u32> {
+    if !(h.mesh_ok && h.generation_ok && h.token_ok) {
+        return BTreeSet::new();
+    }
+    let Ok(selected) = frame.selection.bind(&frame.view, frame.seed) else {
+        return BTreeSet::new();
+    };
+    let members = info.members();
+    let (lo, hi) = frame.procs;
+    let first = u64::from(lo) * u64::from(info.per_proc);
+    let end = (u64::from(hi) * u64::from(info.per_proc)).min(u64::from(members));
+    (first..end)
+        .map(|r| r as u32)
+        .filter(|&r| selected.contains(Rank(r)))
+        .collect()
+}
+
+/// Whether the proc must take the frame (its own rules, restated): it
+/// names the mesh, its generation and capability, this proc heads its
+/// range, and its counts, view and selection fit the mesh.
+fn must_accept(info: &MeshInfo, h: &hostile::Hostile, frame: &CastFrame) -> bool {
+    use regent_mesh::protocol::{MAX_BUDGET_MS, MAX_NAME_BYTES};
+    let (lo, hi) = frame.procs;
+    h.mesh_ok
+        && h.generation_ok
+        && h.token_ok
+        && lo == h.target
+        && lo < hi
+        && hi <= info.proc_count()
+        && frame.per_proc == info.per_proc
+        && frame.budget_ms <= MAX_BUDGET_MS
+        && frame.lost.iter().all(|&p| p < info.proc_count())
+        && frame.view.layout().max_rank() < info.members() as usize
+        && !matches!(&frame.collect, Collect::Reduce(n) if n.len() > MAX_NAME_BYTES)
+        && frame.selection.bind(&frame.view, frame.seed).is_ok()
+}
+
+/// Hostile cast frames — random proc ranges, members per proc, views,
+/// selections, lost procs, budgets, collections, wrong meshes, generations
+/// and capabilities — sent to the procs of a live mesh from another proc of
+/// the cluster: no proc panics, no member outside a frame's range (or not
+/// selected by it) gets it, each frame is dropped or answered, an answer
+/// accounts for every member it may reach exactly once and names no other,
+/// and the mesh runs on unharmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_frames_are_refused_or_answered_and_reach_no_member_outside_them() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    const PROCS: u32 = 3;
+    const SENTINEL: u64 = 1 << 40;
+    hostile::count_panics();
+    let f = fixture(PROCS as usize, RuntimeConfig::default()).await;
+    let mesh = f
+        .procs
+        .spawn::<Probe>("target", 2, &ProbeArgs::default())
+        .await
+        .unwrap();
+    let mut failures = mesh.failures();
+    let info = info_of(&mesh);
+    let procs: Vec<ProcId> = mesh.procs().iter().map(|a| a.proc.clone()).collect();
+    let outsider =
+        tokio::sync::Mutex::new(Outsider::new(&f.rt, "hostile", Role::Proc, &mesh.procs()));
+    // The marks each member may hold (by rank), and the next case's mark.
+    let allowed = std::sync::Mutex::new(HashMap::<u32, BTreeSet<u64>>::new());
+    let next = std::sync::atomic::AtomicU64::new(1);
+    let handle = tokio::runtime::Handle::current();
+    let case = |h: hostile::Hostile| -> Result<(), TestCaseError> {
+        handle.block_on(async {
+            let mark = next.fetch_add(1, Ordering::SeqCst);
+            let mut o = outsider.lock().await;
+            let mut frame = frame(&info, &o.actor, h.procs, &P::Mark(mark));
+            if !h.mesh_ok {
+                frame.mesh = regent_mesh::protocol::MeshId(info.id.0 + 77);
+            }
+            if !h.generation_ok {
+                frame.generation = Generation(info.generation.0 + 1);
+            }
+            if !h.token_ok {
+                frame.token = CastToken::random();
+            }
+            frame.per_proc = h.per_proc;
+            frame.view = hostile_view(&info, &h.view);
+            frame.selection = h.selection.parse().unwrap();
+            frame.seed = h.seed;
+            frame.lost = h.lost.clone();
+            frame.budget_ms = h.budget_ms;
+            frame.collect = match h.collect {
+                0 => Collect::Ack,
+                1 => Collect::Gather,
+                2 => Collect::Reduce("sum/u64".into()),
+                3 => Collect::Reduce("review/no-such-reducer".into()),
+                _ => Collect::Reduce("r".repeat(300)),
+            };
+            frame.reply = h.reply.then(|| o.reply_to(mark));
+            let reach = reachable(&info, &h, &frame);
+            let accept = must_accept(&info, &h, &frame);
+            let answered = h.reply && frame.validate().is_ok();
+            {
+                let mut allowed = allowed.lock().unwrap();
+                for &r in &reach {
+                    allowed.entry(r).or_default().insert(mark);
+                }
+            }
+            let target = &procs[h.target as usize];
+            o.send(target, ProcCommand::Cast(frame.clone())).await;
+            // A sentinel on the same stream: once it is answered, the proc
+            // has handled the frame, and its members had it first.
+            let sentinel_mark = SENTINEL + mark;
+            let mut sentinel = regent_mesh_frame(&info, &o.actor, h.target, sentinel_mark);
+            sentinel.reply = Some(o.reply_to(sentinel_mark));
+            o.send(target, ProcCommand::Cast(sentinel)).await;
+            let mut got_answer = None;
+            let mut got_sentinel = false;
+            while (answered && got_answer.is_none()) || !got_sentinel {
+                let Some(reply) = o.answer(Duration::from_secs(15)).await else {
+                    return Err(TestCaseError::fail(format!(
+                        "no answer (frame answered: {}, sentinel: {got_sentinel})",
+                        got_answer.is_some()
+                    )));
+                };
+                if reply.call == sentinel_mark {
+                    got_sentinel = true;
+                } else if reply.call == mark && answered && got_answer.is_none() {
+                    got_answer = Some(reply);
+                } else {
+                    return Err(TestCaseError::fail(format!(
+                        "an unexpected answer: {reply:?}"
+                    )));
+                }
+            }
+            if let Some(reply) = got_answer {
+                let ReplyBody::Cast(c) = reply.body else {
+                    return Err(TestCaseError::fail(format!("{reply:?}")));
+                };
+                check_answer(&info, &frame, &reach, accept, &c)?;
+            }
+            drop(o);
+            // No member outside the frame's reach got it (earlier frames'
+            // marks are checked once all cases ran: a case that fails here
+            // then shrinks to itself).
+            let held = marks(&mesh).await;
+            for (rank, marks) in &held {
+                if marks.contains(&mark) && !reach.contains(rank) {
+                    return Err(TestCaseError::fail(format!(
+                        "rank {rank} got the frame's mark, outside its reach {reach:?}"
+                    )));
+                }
+            }
+            if accept
+                && held
+                    .iter()
+                    .any(|(r, m)| reach.contains(r) && !m.contains(&mark))
+            {
+                // Delivery is only promised within the budget.
+                if h.budget_ms >= 1000 {
+                    return Err(TestCaseError::fail(format!(
+                        "a member in reach did not get mark {mark}: {held:?}"
+                    )));
+                }
+            }
+            let panics = hostile::PANICS.load(Ordering::SeqCst);
+            if panics > 0 {
+                return Err(TestCaseError::fail(format!("{panics} panic(s)")));
+            }
+            Ok(())
+        })
+    };
+    let config = Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    tokio::task::block_in_place(|| {
+        if let Err(e) = TestRunner::new(config).run(&hostile::hostile(PROCS), case) {
+            panic!("{e}");
+        }
+    });
+    // No member holds a mark it may not, however late it came.
+    let held = marks(&mesh).await;
+    let allowed = allowed.into_inner().unwrap();
+    for (rank, marks) in &held {
+        for m in marks.iter().filter(|&&m| m < SENTINEL) {
+            assert!(
+                allowed.get(rank).is_some_and(|a| a.contains(m)),
+                "rank {rank} got mark {m} outside its frame"
+            );
+        }
+    }
+    // The mesh runs on: every member answers, none failed, nothing escalated.
+    let vm = mesh.call(&Selection::All, &P::Whoami).await.unwrap();
+    assert_eq!(whoami(vm), [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0)]);
+    assert!(failures.try_recv().is_err(), "a member failed");
+    assert!(f.rt.job_failure().is_none());
+    assert_eq!(hostile::PANICS.load(Ordering::SeqCst), 0);
+}
+
+/// A valid cast of `Mark(mark)` to the subtree that `target` heads to the
+/// mesh's end.
+fn regent_mesh_frame(info: &MeshInfo, origin: &ActorId, target: u32, mark: u64) -> CastFrame {
+    frame(info, origin, (target, info.proc_count()), &P::Mark(mark))
+}
+
+/// An answer to a hostile frame is well-formed: no rank twice; if the frame
+/// was taken, it accounts for every member in reach and names no other; if
+/// refused, it names only members of the frame's own claimed range that
+/// the frame selects.
+fn check_answer(
+    info: &MeshInfo,
+    frame: &CastFrame,
+    reach: &BTreeSet<u32>,
+    accept: bool,
+    c: &Contribution,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::test_runner::TestCaseError;
+    let fail = |why: String| Err(TestCaseError::fail(format!("{why}: {c:?}")));
+    let mut seen = BTreeSet::new();
+    for r in c
+        .values
+        .iter()
+        .map(|(r, _)| *r)
+        .chain(c.failed.iter().map(|(r, _)| *r))
+    {
+        if !seen.insert(r) {
+            return fail(format!("rank {r} answered twice"));
+        }
+    }
+    let taken = c.ok > 0 || !c.values.is_empty();
+    if taken || accept {
+        if !taken && !reach.is_empty() && c.failed.iter().all(|(_, e)| {
+            matches!(e, MemberError::NotRunning(m) if m.contains("refused") || m.contains("another generation"))
+        }) {
+            return fail("a frame the proc must take was refused".into());
+        }
+        // A gather names every member; an ack or a reduction names the
+        // failed ones and counts the others.
+        let covered = if frame.collect == Collect::Gather {
+            seen == *reach
+        } else {
+            seen.is_subset(reach)
+        };
+        if !covered {
+            return fail(format!(
+                "the answer names {seen:?}, the frame reaches {reach:?}"
+            ));
+        }
+        if c.ok as usize + c.failed.len() != reach.len() {
+            return fail("ok and failed do not add up".into());
+        }
+        if frame.collect == Collect::Gather && c.values.len() != c.ok as usize {
+            return fail("a gather's values do not match its count".into());
+        }
+        if frame.collect != Collect::Gather && !c.values.is_empty() {
+            return fail("values in an answer that gathers none".into());
+        }
+    } else {
+        let (lo, hi) = frame.procs;
+        let range =
+            u64::from(lo) * u64::from(frame.per_proc)..u64::from(hi) * u64::from(frame.per_proc);
+        let selected = frame.selection.bind(&frame.view, frame.seed).ok();
+        for &r in &seen {
+            let picked = selected.as_ref().is_some_and(|s| s.contains(Rank(r)));
+            if !range.contains(&u64::from(r)) || !picked {
+                return fail(format!("a refusal names rank {r}, outside the frame"));
+            }
+        }
+        let _ = info;
+    }
+    Ok(())
+}
+
+/// A frame for a mesh the proc does not host (or without its capability),
+/// claiming the widest range the limits allow: the proc answers for it
+/// without walking every rank the claim covers (or, for a claim wider than
+/// it walks, not at all), and goes on serving its own meshes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_claiming_the_widest_range_does_not_stall_a_proc() {
+    use regent_mesh::protocol::{MAX_PER_PROC, MAX_PROCS};
+    let f = fixture(2, RuntimeConfig::default()).await;
+    let mesh = f
+        .procs
+        .spawn::<Probe>("busy", 1, &ProbeArgs::default())
+        .await
+        .unwrap();
+    let info = info_of(&mesh);
+    let mut o = Outsider::new(&f.rt, "wide", Role::Proc, &mesh.procs());
+    // A view as wide as a shape may be, too.
+    let huge = Shape::new([("procs", 1 << 16), ("actors", (1 << 16) - 1)]).unwrap();
+    for (i, (mesh_ok, token_ok, view)) in [
+        (false, true, info.shape.clone()),
+        (true, false, info.shape.clone()),
+        (false, true, huge.clone()),
+        (true, false, huge),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let answered = view.len() == info.shape.len();
+        let mut wide = frame(&info, &o.actor, (0, MAX_PROCS), &P::Mark(1));
+        wide.view = view;
+        if !mesh_ok {
+            wide.mesh = regent_mesh::protocol::MeshId(info.id.0 + 1);
+        }
+        if !token_ok {
+            wide.token = CastToken::random();
+        }
+        wide.per_proc = MAX_PER_PROC;
+        wide.reply = Some(o.reply_to(i as u64));
+        let t = Instant::now();
+        o.send(&mesh.procs()[0].proc, ProcCommand::Cast(wide)).await;
+        // The owner's call right behind it is served at once.
+        let vm = mesh.call(&Selection::All, &P::Whoami).await.unwrap();
+        assert_eq!(vm.len(), 2, "case {i}: {:?}", vm.failed());
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "case {i}: the proc was stalled for {:?}",
+            t.elapsed()
+        );
+        if answered {
+            let answer = o.answer(Duration::from_secs(10)).await.unwrap();
+            assert_eq!(answer.call, i as u64);
+            let ReplyBody::Cast(c) = answer.body else {
+                panic!("{answer:?}")
+            };
+            assert_eq!(
+                c.failed.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+                [0, 1],
+                "case {i}: only the ranks of the view are named"
+            );
+        }
+    }
+    // The unanswered ones never are: the next answer is for the next frame.
+    let mut last = frame(&info, &o.actor, (0, 2), &P::Mark(2));
+    last.reply = Some(o.reply_to(99));
+    o.send(&mesh.procs()[0].proc, ProcCommand::Cast(last)).await;
+    let answer = o.answer(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(answer.call, 99, "{answer:?}");
+}
