@@ -31,11 +31,18 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(procs: usize) -> Self {
-        let config = RuntimeConfig::default()
+    fn config() -> RuntimeConfig {
+        RuntimeConfig::default()
             .owner_lease(LEASE)
             .call_timeout(Duration::from_secs(10))
-            .endpoint(EndpointConfig::default());
+            .endpoint(EndpointConfig::default())
+    }
+
+    async fn start(procs: usize) -> Self {
+        Self::start_with(procs, Self::config()).await
+    }
+
+    async fn start_with(procs: usize, config: RuntimeConfig) -> Self {
         let rt = Runtime::start(config).await.unwrap();
         let alloc = Arc::new(
             LocalAllocator::new(rt.endpoint().clone())
@@ -57,8 +64,19 @@ impl Cluster {
     }
 
     async fn spawn(&self, name: &str, per_proc: u32, options: SpawnOptions) -> ActorMesh<Worker> {
+        self.spawn_args(name, per_proc, &WorkerArgs::default(), options)
+            .await
+    }
+
+    async fn spawn_args(
+        &self,
+        name: &str,
+        per_proc: u32,
+        args: &WorkerArgs,
+        options: SpawnOptions,
+    ) -> ActorMesh<Worker> {
         self.procs
-            .spawn_with::<Worker>(name, per_proc, &WorkerArgs::default(), options)
+            .spawn_with::<Worker>(name, per_proc, args, options)
             .await
             .unwrap()
     }
@@ -246,6 +264,7 @@ async fn a_crash_loop_at_start_exhausts_the_intensity_and_escalates() {
     let flag = std::env::temp_dir().join(format!("regent-crashloop-{}", std::process::id()));
     let args = WorkerArgs {
         fail_start_if: Some(flag.display().to_string()),
+        ..WorkerArgs::default()
     };
     let policy = MeshPolicy::new(Decision::RestartMember).intensity(2, Duration::from_secs(60));
     let mesh = c
@@ -294,18 +313,71 @@ async fn escalation_through_a_three_level_tree_reaches_the_root() {
     c.finish().await;
 }
 
+/// The lines of a worker journal (see `WorkerArgs::journal`), parsed:
+/// (event, rank, generation, pid, the rest).
+fn journal(path: &std::path::Path) -> Vec<(String, u32, u64, u32, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let mut f = l.splitn(5, ' ');
+            let mut next = || f.next().unwrap_or_default().to_owned();
+            let event = next();
+            let rank = next().parse().unwrap();
+            let generation = next().parse().unwrap();
+            let pid = next().parse().unwrap();
+            (event, rank, generation, pid, next())
+        })
+        .collect()
+}
+
+/// Waits until `path` holds something (or the deadline passes).
+fn wait_for_file(path: &std::path::Path, deadline: Duration) -> Option<String> {
+    let end = Instant::now() + deadline;
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(s) if !s.is_empty() => return Some(s),
+            _ if Instant::now() >= end => return None,
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
 /// SIGSTOP a proc past the failure timeout: it is declared failed (link),
 /// its members are respawned on a fresh proc in a new generation; after
-/// SIGCONT the zombie is refused (its old generation is fenced out) and
-/// told to exit, and no two live members ever share a rank in one
-/// generation.
+/// SIGCONT the zombie is fenced: its members got nothing of the new
+/// generation, what it casts to its old peers is refused by every live proc,
+/// it exits (its lease lapsed, and it is told to), its exit causes no
+/// restart, and no two live members ever share a rank in one generation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
+    const ZOMBIE_MARK: u64 = 999;
     let c = Cluster::start(3).await;
-    let mesh = c.spawn("w", 2, SpawnOptions::new()).await;
+    let dir = regent_tests::tempdir::TempDir::new("mesh", "zombie");
+    let journal_path = dir.path().join("journal");
+    let out = dir.path().join("zombie-cast");
+    let args = WorkerArgs {
+        journal: Some(journal_path.display().to_string()),
+        ..WorkerArgs::default()
+    };
+    let mesh = c.spawn_args("w", 2, &args, SpawnOptions::new()).await;
     let mut failures = mesh.failures();
     let zombie = c.pid_of(&mesh, 1);
     let zombie_proc = mesh.procs()[1].proc.clone();
+    // Rank 2 (on the doomed proc) will cast to its peers once it wakes,
+    // long after its mesh has moved on.
+    mesh.cast(
+        &"procs=1,actors=0".parse().unwrap(),
+        &Op::CastPeersLater {
+            after_ms: 3000,
+            mark: ZOMBIE_MARK,
+            out: out.display().to_string(),
+        },
+    )
+    .await
+    .unwrap()
+    .into_result()
+    .unwrap();
     c.alloc
         .signal(&zombie_proc, ProcSignal::Stop)
         .await
@@ -328,22 +400,70 @@ async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
         "no answer from the zombie"
     );
     assert_eq!(who[2].1, 1);
+    // The new generation's casts, while the zombie sleeps.
+    for m in 1000..1010 {
+        mesh.cast(&Selection::All, &Op::Mark(m))
+            .await
+            .unwrap()
+            .into_result()
+            .unwrap();
+    }
     // Wake the zombie: it is fenced, told to exit, and its lease has lapsed.
     c.alloc
         .signal(&zombie_proc, ProcSignal::Cont)
         .await
         .unwrap();
+    let zombie_cast = wait_for_file(&out, DEADLINE).expect("the zombie's member never cast");
+    println!("the zombie's cast to its peers: {zombie_cast}");
     let left = wait_gone(&[zombie], DEADLINE);
     assert!(left.is_empty(), "the zombie is still running");
-    // Its exit is a report about a replaced life: stale, no new restart.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // What it sent was refused by every live proc of the mesh (they do not
+    // even answer it: it is lost to them), and no member took it.
+    assert!(
+        zombie_cast.starts_with("Ok(Delivered { delivered: 0,"),
+        "{zombie_cast}"
+    );
+    let lines = journal(&journal_path);
+    assert!(
+        !lines
+            .iter()
+            .any(|(e, _, _, _, m)| e == "mark" && m == "999"),
+        "a member took the zombie's cast: {lines:?}"
+    );
+    // The new generation's marks reached every live member, none of the
+    // zombie's.
+    for (e, rank, _, pid, m) in &lines {
+        if e == "mark" && *pid == zombie {
+            panic!("the zombie's rank {rank} got mark {m} of the new generation");
+        }
+    }
+    let marked: std::collections::BTreeSet<u32> = lines
+        .iter()
+        .filter(|(e, _, _, _, m)| e == "mark" && m == "1009")
+        .map(|(_, r, _, _, _)| *r)
+        .collect();
+    assert_eq!(marked, (0..6).collect());
+    // Its exit is a report about a replaced life: stale, no restart. A
+    // failure after it (the supervisor takes reports in order) shows that
+    // only that failure restarts anything.
+    let _ = mesh
+        .call(&"procs=0,actors=0".parse().unwrap(), &Op::Fail)
+        .await;
+    running_at(&mesh, 2).await;
+    let failure = failures.recv().await.unwrap();
+    assert_eq!(failure.ranks, vec![Rank(0)], "{failure}");
+    assert!(
+        matches!(failure.cause, FailureCause::Actor { .. }),
+        "{failure}"
+    );
+    assert!(failures.try_recv().is_err(), "another failure was reported");
     assert_eq!(
         mesh.generation().0,
-        1,
+        2,
         "the zombie's exit caused no restart"
     );
     let again = whoami(&mesh).await;
-    assert_eq!(again, who);
+    assert_eq!(again[1..], who[1..]);
     let mut seen = std::collections::HashSet::new();
     for (rank, generation, _) in &again {
         assert!(
