@@ -475,6 +475,89 @@ async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
     c.finish().await;
 }
 
+/// A member stuck in blocking code (a thread that never yields, as tensor
+/// code) when its mesh restarts: it cannot be stopped or killed, so its proc
+/// exits with `EXIT_MEMBER_STUCK`, and the member is restarted on a fresh
+/// proc — never beside its stuck life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stuck_in_blocking_code_has_its_proc_replaced() {
+    let c = Cluster::start(2).await;
+    let dir = regent_tests::tempdir::TempDir::new("mesh", "stuck");
+    let journal_path = dir.path().join("journal");
+    let args = WorkerArgs {
+        journal: Some(journal_path.display().to_string()),
+        ..WorkerArgs::default()
+    };
+    let options = SpawnOptions::new().policy(MeshPolicy::new(Decision::RestartMesh));
+    let mesh = c.spawn_args("w", 1, &args, options).await;
+    let mut failures = mesh.failures();
+    let stuck_pid = c.pid_of(&mesh, 1);
+    mesh.cast(&"procs=1".parse().unwrap(), &Op::Block(120_000))
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    let end = Instant::now() + DEADLINE;
+    while !journal(&journal_path)
+        .iter()
+        .any(|(e, r, _, _, _)| e == "beat" && *r == 1)
+    {
+        assert!(Instant::now() < end, "rank 1 never blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another member fails: the whole mesh restarts, and rank 1 must stop.
+    let t = Instant::now();
+    let _ = mesh.call(&"procs=0".parse().unwrap(), &Op::Fail).await;
+    running_at(&mesh, 1).await;
+    println!("the mesh runs again {:?} after the failure", t.elapsed());
+    let who = whoami(&mesh).await;
+    assert!(who.iter().all(|(_, g, _)| *g >= 1), "{who:?}");
+    assert_ne!(who[1].2, stuck_pid, "rank 1 lives in a fresh proc");
+    assert!(
+        wait_gone(&[stuck_pid], DEADLINE).is_empty(),
+        "the stuck proc still runs"
+    );
+    // Its proc exited because of the stuck member.
+    let mut causes = Vec::new();
+    while let Ok(f) = failures.try_recv() {
+        causes.push(f.cause);
+    }
+    println!("failures: {causes:?}");
+    assert!(
+        causes.iter().any(|cause| matches!(
+            cause,
+            FailureCause::ProcExited {
+                status: regent_mesh::alloc::ProcStatus::Code(code),
+                ..
+            } if *code == regent_mesh::EXIT_MEMBER_STUCK
+        )),
+        "no proc exit with EXIT_MEMBER_STUCK among {causes:?}"
+    );
+    // The proc's loss was known when the first restart failed on it: the
+    // next one replaces it (no restart is spent on a proc known lost).
+    assert!(
+        mesh.generation().0 <= 2,
+        "{} restarts: {causes:?}",
+        mesh.generation().0
+    );
+    // Never two lives of rank 1 at once: the stuck life's last heartbeat
+    // comes before the next life starts.
+    let lines = journal(&journal_path);
+    let last_beat = lines
+        .iter()
+        .rposition(|(e, r, _, p, _)| e == "beat" && *r == 1 && *p == stuck_pid)
+        .unwrap();
+    let next_start = lines
+        .iter()
+        .position(|(e, r, g, _, _)| e == "start" && *r == 1 && *g >= 1)
+        .expect("rank 1 never restarted");
+    assert!(
+        last_beat < next_start,
+        "the stuck life of rank 1 still ran when the next one started: {lines:?}"
+    );
+    c.finish().await;
+}
+
 /// Starts `mesh_controller` and reads the pids of the procs it started.
 fn start_controller(guard: &KillOnDrop) -> (std::process::Child, Vec<u32>) {
     use std::io::BufRead as _;
