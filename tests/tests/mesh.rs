@@ -558,6 +558,123 @@ async fn a_member_stuck_in_blocking_code_has_its_proc_replaced() {
     c.finish().await;
 }
 
+/// A call made after a proc's SIGKILL is known and before the new
+/// generation runs (the restarted members take 4 s to start) fails at once
+/// for the lost members, with an error that says why, far below its
+/// timeout; once the mesh runs again, every member answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_during_a_restart_fails_at_once_with_a_clear_error() {
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    let c = Cluster::start_with(3, Cluster::config().call_timeout(TIMEOUT)).await;
+    let args = WorkerArgs {
+        restart_new_ms: 4000,
+        ..WorkerArgs::default()
+    };
+    let mesh = c.spawn_args("w", 2, &args, SpawnOptions::new()).await;
+    let mut failures = mesh.failures();
+    let victim = c.pid_of(&mesh, 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(failure.ranks, vec![Rank(2), Rank(3)], "{failure}");
+    mesh.wait_status(DEADLINE, |s| *s == MeshStatus::Restarting)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let vm = mesh.call(&Selection::All, &Op::Whoami).await.unwrap();
+    let took = t.elapsed();
+    println!(
+        "a call during the restart returned in {took:?}: {:?}",
+        vm.failed()
+    );
+    assert_eq!(
+        mesh.status(),
+        MeshStatus::Restarting,
+        "the call returned within the restart"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "the call took {took:?} (its timeout is {TIMEOUT:?})"
+    );
+    let failed: Vec<u32> = vm.failed().iter().map(|(r, _)| r.0).collect();
+    assert!(
+        failed.contains(&2) && failed.contains(&3),
+        "the lost members failed: {:?}",
+        vm.failed()
+    );
+    for (rank, e) in vm.failed() {
+        assert!(
+            matches!(e, regent_mesh::MemberError::NotRunning(m) if !m.is_empty()),
+            "rank {}: {e:?}",
+            rank.0
+        );
+    }
+    assert_eq!(vm.len() + vm.failed().len(), 6);
+    running_at(&mesh, 1).await;
+    assert_eq!(whoami(&mesh).await.len(), 6);
+    c.finish().await;
+}
+
+/// The controller's endpoint settings reach its procs through their boot:
+/// with a frame limit of 4 MiB, a 2 MiB message goes down a cast tree of
+/// real procs (proc to proc too) and 2 MiB replies come back (split into
+/// parts); a message over the limit is refused at once, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controllers_frame_limit_reaches_its_procs() {
+    const MAX: usize = 4 << 20;
+    const BIG: usize = 2 << 20;
+    let config = Cluster::config()
+        .endpoint(EndpointConfig {
+            max_frame_bytes: MAX,
+            ..EndpointConfig::default()
+        })
+        .fanout(std::num::NonZeroU32::new(2).unwrap());
+    assert!(BIG > EndpointConfig::default().max_frame_bytes);
+    let c = Cluster::start_with(3, config).await;
+    let mesh = c.spawn("w", 2, SpawnOptions::new()).await;
+    let vm = mesh
+        .call(&Selection::All, &Op::Echo(vec![7; BIG]))
+        .await
+        .unwrap();
+    let values = vm.into_result().unwrap();
+    assert_eq!(values.len(), 6);
+    assert!(values.iter().all(|(_, r)| *r == Reply::Count(BIG as u64)));
+    let vm = mesh
+        .call(&Selection::All, &Op::Blob(BIG as u32))
+        .await
+        .unwrap();
+    let values = vm.into_result().unwrap();
+    assert_eq!(values.len(), 6);
+    for (rank, reply) in &values {
+        assert_eq!(
+            *reply,
+            Reply::Bytes(vec![rank.0 as u8; BIG]),
+            "rank {}",
+            rank.0
+        );
+    }
+    let t = Instant::now();
+    let err = mesh
+        .cast(&Selection::All, &Op::Echo(vec![7; MAX + 1]))
+        .await
+        .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(
+        matches!(err, regent_mesh::MeshError::TooLarge { max_frame_bytes, .. } if max_frame_bytes == MAX),
+        "{err}"
+    );
+    assert!(err.to_string().contains("max_frame_bytes"), "{err}");
+    // The mesh is unharmed.
+    assert_eq!(whoami(&mesh).await.len(), 6);
+    c.finish().await;
+}
+
 /// Starts `mesh_controller` and reads the pids of the procs it started.
 fn start_controller(guard: &KillOnDrop) -> (std::process::Child, Vec<u32>) {
     use std::io::BufRead as _;
