@@ -2,9 +2,11 @@
 //! `LocalAllocator`'s host agent): casts and calls, and supervision under
 //! real faults — SIGKILL under each policy, SIGSTOP past the failure timeout
 //! then SIGCONT (the zombie is fenced and told to exit), a panic inside an
-//! actor, a crash loop at start that exhausts the intensity, and escalation
-//! through a three-level tree. Every test checks that no proc it started
-//! outlives it.
+//! actor, a crash loop at start that exhausts the intensity, escalation
+//! through a three-level tree, a member stuck in blocking code (its proc is
+//! replaced), calls during a restart (they fail at once), the controller's
+//! frame limit on its procs, and `bootstrap()` under `#[tokio::main]`.
+//! Every test checks that no proc it started outlives it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -673,6 +675,36 @@ async fn the_controllers_frame_limit_reaches_its_procs() {
     // The mesh is unharmed.
     assert_eq!(whoami(&mesh).await.len(), 6);
     c.finish().await;
+}
+
+/// `bootstrap()` under `#[tokio::main]`: the binary is its own proc (the
+/// local allocator starts it again as one, inside its async runtime), and
+/// its mesh works end to end.
+#[test]
+fn bootstrap_works_under_tokio_main() {
+    let guard = KillOnDrop::default();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_mesh_tokio_main"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let controller = child.id();
+    guard.watch([controller]);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("OK "))
+        .unwrap_or_else(|| panic!("no OK line: {stdout}\n{stderr}"));
+    let (replies, pids) = line.split_once(' ').unwrap();
+    assert_eq!(replies, "4", "{line}");
+    let pids: Vec<u32> = pids.split(',').map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "two proc processes: {line}");
+    assert!(!pids.contains(&controller), "members ran in procs: {line}");
+    guard.watch(pids.iter().copied());
+    assert!(wait_gone(&pids, DEADLINE).is_empty(), "procs outlived it");
 }
 
 /// Starts `mesh_controller` and reads the pids of the procs it started.
