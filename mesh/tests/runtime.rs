@@ -78,7 +78,14 @@ async fn setup(
     per_proc: u32,
     config: RuntimeConfig,
 ) -> (Runtime, ProcMesh, ActorMesh<Counter>) {
-    let rt = Runtime::start(config).await.unwrap();
+    // These tests count and order casts; none needs a silent link noticed
+    // fast, and on two shared cores (six tests and hundreds of casts at
+    // once) a heartbeat may come late.
+    let endpoint = regent_net::EndpointConfig {
+        failure_timeout: Duration::from_secs(5),
+        ..config.endpoint.clone()
+    };
+    let rt = Runtime::start(config.endpoint(endpoint)).await.unwrap();
     let pm = rt
         .spawn_procs(
             Arc::new(InProcAllocator::default()),
