@@ -44,7 +44,9 @@ pub(crate) fn parse_chaos(text: &str, seed: u64, until_step: u64) -> Result<Faul
             "kill" => Ok(FaultKind::Kill),
             "pause" => Ok(FaultKind::Pause),
             "partition" => Ok(FaultKind::Partition),
-            other => Err(format!("unknown fault kind {other:?} (kill, pause, partition)")),
+            other => Err(format!(
+                "unknown fault kind {other:?} (kill, pause, partition)"
+            )),
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(FaultPlan {

@@ -589,7 +589,10 @@ fn fail(shared: &Shared, frame: &CastFrame, why: &str) {
     let Some(reply_to) = &frame.reply else { return };
     let ranks = node::member_ranks(frame.per_proc, frame.procs.0..frame.procs.1);
     let failed = match frame.selection.bind(&frame.view, frame.seed) {
-        Ok(selected) => super::failed_in(&selected, ranks, why),
+        Ok(selected) => match super::failed_in(&selected, ranks, why) {
+            Some(failed) => failed,
+            None => return,
+        },
         Err(_) => Vec::new(),
     };
     reply(

@@ -419,7 +419,10 @@ impl ProcRuntime {
         let Some(reply) = frame.reply else { return };
         let ranks = node::member_ranks(frame.per_proc, frame.procs.0..frame.procs.1);
         let failed = match frame.selection.bind(&frame.view, frame.seed) {
-            Ok(selected) => failed_in(&selected, ranks, why),
+            Ok(selected) => match failed_in(&selected, ranks, why) {
+                Some(failed) => failed,
+                None => return,
+            },
             Err(_) => Vec::new(),
         };
         self.reply(
@@ -447,16 +450,42 @@ impl ProcRuntime {
     }
 }
 
+/// The most ranks a proc walks when it answers for a subtree it cannot
+/// serve. The frame's range is then not checked against a mesh (the proc
+/// may not host it), and the limits allow 2^32 ranks: walking them all
+/// stalled the command loop for minutes.
+const MAX_WALKED_RANKS: usize = 1 << 16;
+
+/// The selected ranks of `ranks`, failed for `why`; only those within the
+/// view's span of ranks are walked. `None` when that span is wider than
+/// [`MAX_WALKED_RANKS`]: the subtree is then not answered for (a part would
+/// leave its other ranks unaccounted; without an answer the parent reports
+/// them all as timed out — and so many failures would not fit a reply).
 fn failed_in(
     selected: &Selected,
     ranks: std::ops::Range<u32>,
     why: &str,
-) -> Vec<(u32, MemberError)> {
-    ranks
-        .filter(|&r| selected.contains(Rank(r)))
-        .take(crate::protocol::MAX_PROCS as usize)
-        .map(|r| (r, MemberError::NotRunning(why.to_owned())))
-        .collect()
+) -> Option<Vec<(u32, MemberError)>> {
+    let layout = selected.shape().layout();
+    // Both fit a u32: a slice's ranks do (checked at construction).
+    let first = u32::try_from(layout.offset()).unwrap_or(u32::MAX);
+    let last = u32::try_from(layout.max_rank()).unwrap_or(u32::MAX);
+    let start = ranks.start.max(first);
+    let end = ranks.end.min(last.saturating_add(1)).max(start);
+    if (end - start) as usize > MAX_WALKED_RANKS {
+        tracing::warn!(
+            ranks = end - start,
+            max = MAX_WALKED_RANKS,
+            "a subtree too wide to answer for is not answered"
+        );
+        return None;
+    }
+    Some(
+        (start..end)
+            .filter(|&r| selected.contains(Rank(r)))
+            .map(|r| (r, MemberError::NotRunning(why.to_owned())))
+            .collect(),
+    )
 }
 
 /// The proc's well-known actor on `endpoint`.

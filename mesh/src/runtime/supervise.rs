@@ -300,8 +300,10 @@ impl Supervisor {
                         sources: sources.iter().map(|(a, b)| (a.0, b.0)).collect(),
                     };
                     let r = self.restart_members(&replace, restart).await;
-                    self.after_restart(r, ranks, generation, &mut actions).await;
+                    // Reports first: a restart that failed because a proc
+                    // was lost meanwhile is followed by one that replaces it.
                     actions.extend(self.take_reports().await);
+                    self.after_restart(r, ranks, generation, &mut actions).await;
                 }
                 MeshAction::RestartMesh {
                     replace,
@@ -321,8 +323,8 @@ impl Supervisor {
                         sources: Vec::new(),
                     };
                     let r = self.restart_mesh(&replace, restart).await;
-                    self.after_restart(r, all, generation, &mut actions).await;
                     actions.extend(self.take_reports().await);
+                    self.after_restart(r, all, generation, &mut actions).await;
                 }
                 MeshAction::Stop { failure } => {
                     self.stop_members().await;

@@ -363,7 +363,16 @@ pub async fn run_job(
         .await?;
     let log = Arc::new(Mutex::new(Log::default()));
     let mut report = Report::default();
-    let result = drive(&config, &cluster, &mesh, &procs, &log, &mut report, &mut events).await;
+    let result = drive(
+        &config,
+        &cluster,
+        &mesh,
+        &procs,
+        &log,
+        &mut report,
+        &mut events,
+    )
+    .await;
     report.wall = t0.elapsed();
     report.generation = mesh.generation().0;
     let _ = mesh.stop().await;
