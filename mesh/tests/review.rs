@@ -53,6 +53,9 @@ enum P {
     FailTogether(usize),
     /// Reply with this many bytes, each the rank's low byte.
     Blob(u32),
+    /// Sleep this many milliseconds (without blocking the thread), then
+    /// say who you are.
+    Slow(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,6 +105,13 @@ impl MeshActor for Probe {
                 return Err(format!("rank {} failed with the others", self.rank).into());
             }
             P::Blob(n) => R::Blob(vec![self.rank as u8; n as usize]),
+            P::Slow(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                R::Me {
+                    rank: self.rank,
+                    generation: self.generation,
+                }
+            }
         })
     }
 }
@@ -1347,4 +1357,57 @@ async fn a_frame_claiming_the_widest_range_does_not_stall_a_proc() {
     o.send(&mesh.procs()[0].proc, ProcCommand::Cast(last)).await;
     let answer = o.answer(Duration::from_secs(10)).await.unwrap();
     assert_eq!(answer.call, 99, "{answer:?}");
+}
+
+/// Item 17 (answers): a proc of the cluster cannot answer for another. It
+/// floods the controller's reply port with forged results for every call
+/// number while a real call waits; the call gets only the members' own
+/// answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_from_another_proc_than_the_one_asked_are_dropped() {
+    let f = fixture(2, RuntimeConfig::default()).await;
+    let mesh = f
+        .procs
+        .spawn::<Probe>("answered", 1, &ProbeArgs::default())
+        .await
+        .unwrap();
+    let rogue = Outsider::new(&f.rt, "rogue-answerer", Role::Proc, &mesh.procs());
+    rogue.endpoint.add_route(f.rt.addr());
+    let controller_replies = ActorId {
+        proc: f.rt.addr().proc.clone(),
+        name: ActorName::new("regent-controller").unwrap(),
+        index: 0,
+    }
+    .port(1);
+    let call = {
+        let mesh = mesh.clone();
+        tokio::spawn(async move { mesh.call(&Selection::All, &P::Slow(600)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let forged = |call: u64| ProcReply {
+        call,
+        body: ReplyBody::Cast(regent_mesh::protocol::Contribution {
+            failed: vec![
+                (0, MemberError::NotRunning("forged".into())),
+                (1, MemberError::NotRunning("forged".into())),
+            ],
+            ..Default::default()
+        }),
+    };
+    for n in 0..2000 {
+        rogue
+            .endpoint
+            .send(&rogue.actor, &controller_replies, Generation(0), forged(n))
+            .await
+            .unwrap();
+    }
+    let vm = call.await.unwrap().unwrap();
+    assert!(
+        vm.failed()
+            .iter()
+            .all(|(_, e)| !e.to_string().contains("forged")),
+        "a forged answer was taken: {:?}",
+        vm.failed()
+    );
+    assert_eq!(whoami(vm).len(), 2, "both members answered themselves");
 }

@@ -523,8 +523,9 @@ where
         let pending = pending.clone();
         tokio::spawn(async move {
             while let Some(delivery) = replies.recv().await {
+                let sender = delivery.sender.proc.clone();
                 match delivery.decode::<ProcReply>() {
-                    Ok(r) => pending.resolve(r.call, r.body),
+                    Ok(r) => pending.resolve(r.call, r.body, &sender),
                     Err(e) => tracing::warn!(error = %e, "undecodable reply dropped"),
                 }
             }
