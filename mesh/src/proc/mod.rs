@@ -37,8 +37,9 @@ pub(crate) const MEMBER_SHUTDOWN: Duration = Duration::from_secs(5);
 /// How long a killed member may take to end before the proc gives up on it
 /// (it is stuck in code that never yields) and exits.
 pub(crate) const KILL_WAIT: Duration = Duration::from_secs(1);
-/// The longest owner lease a proc takes (longer ones are cut to it).
-pub const MAX_OWNER_LEASE: Duration = Duration::from_secs(24 * 3600);
+/// The longest owner lease a proc takes (longer ones are cut to it; a boot
+/// carrying one does not decode).
+pub use crate::boot::MAX_OWNER_LEASE;
 /// How long members' own requests and casts wait by default.
 const MEMBER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
