@@ -283,6 +283,9 @@ impl ProcRuntime {
                 // one are refused, and the replaced lives get nothing more.
                 hosted.retire(&ranks, first);
                 hosted.known.update(info);
+                // The members of this proc that survived are told, as on
+                // procs that only enroll in the new generation.
+                hosted.tell_survivors(&restart);
                 hosted.submit(MeshOp::Respawn {
                     call,
                     reply_to,
