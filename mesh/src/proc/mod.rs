@@ -197,6 +197,9 @@ impl ProcRuntime {
                         self.fabric.learn(&info);
                         hosted.retire(&ranks, first);
                         hosted.known.update(info);
+                        if let Some(restart) = &start {
+                            hosted.known.restarted(restart);
+                        }
                         hosted.submit(MeshOp::Respawn {
                             call,
                             reply_to,
@@ -219,6 +222,9 @@ impl ProcRuntime {
                 }
                 self.fabric.learn(&info);
                 let known = KnownMesh::new(info.clone());
+                if let Some(restart) = &start {
+                    known.restarted(restart);
+                }
                 self.services
                     .known
                     .lock()
@@ -283,6 +289,7 @@ impl ProcRuntime {
                 // one are refused, and the replaced lives get nothing more.
                 hosted.retire(&ranks, first);
                 hosted.known.update(info);
+                hosted.known.restarted(&restart);
                 // The members of this proc that survived are told, as on
                 // procs that only enroll in the new generation.
                 hosted.tell_survivors(&restart);
@@ -311,6 +318,7 @@ impl ProcRuntime {
                         self.fabric.learn(&info);
                         h.known.update(info);
                         if let Some(restart) = restart {
+                            h.known.restarted(&restart);
                             h.tell_survivors(&restart);
                         }
                         ReplyBody::Updated
