@@ -335,6 +335,16 @@ impl ProcRuntime {
                     self.fabric.lost().insert(p);
                 }
                 if let Some(known) = self.known(mesh) {
+                    // Casts this proc's members (or this proc, as a node of
+                    // a tree) wait on through a lost proc end now, as the
+                    // owner's own do, not at their deadline.
+                    let info = known.info();
+                    let why = failure.cause.to_string();
+                    for p in &lost {
+                        if let Some(rank) = info.proc_rank(p) {
+                            self.services.pending.lose_proc(mesh, rank, &why);
+                        }
+                    }
                     known.failed(&failure);
                 }
             }
