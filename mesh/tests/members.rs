@@ -43,6 +43,8 @@ struct Peer {
     store: Option<ActorMesh<Store>>,
     /// Data channels this member opened, by tag.
     channels: HashMap<u16, PeerChannel>,
+    /// What its heal source answered from `new`, on a restart with one.
+    healed: Option<Result<u64, String>>,
 }
 
 /// [`regent_mesh::StartContext`] as a member reports it.
@@ -96,6 +98,8 @@ enum Op {
         timeout_ms: u64,
         retry: bool,
     },
+    /// What the heal source answered from `new`.
+    Healed,
     /// Ask for a peer reference of the wrong actor type.
     WrongType,
     /// The member's view of its mesh: whether it runs, and its generation.
@@ -153,6 +157,7 @@ enum Reply {
     /// What a call to a peer gave: replies, or failures by rank.
     Asked(Result<Box<Reply>, Vec<(u32, MemberError)>>),
     Handle(RemoteBuffer),
+    Healed(Option<Result<u64, String>>),
     View {
         running: bool,
         generation: u64,
@@ -203,6 +208,19 @@ impl MeshActor for Peer {
             Some(r) => Some(member.bind(r)?),
             None => None,
         };
+        // A restarted member asks its source for state from `new` (the
+        // source is a live member of this member's generation).
+        let healed = match s.source {
+            Some(source) if member.mesh() == "healing" => {
+                let peers = member.peers::<Peer>()?;
+                Some(match peers.call_one(source, &Op::Rank).await {
+                    Ok(Reply::Count(n)) => Ok(n),
+                    Ok(other) => Err(format!("{other:?}")),
+                    Err(e) => Err(e.to_string()),
+                })
+            }
+            _ => None,
+        };
         Ok(Self {
             rank: member.rank().0,
             start: StartSeen {
@@ -216,6 +234,7 @@ impl MeshActor for Peer {
             shared: None,
             store,
             channels: HashMap::new(),
+            healed,
         })
     }
 
@@ -307,6 +326,7 @@ impl MeshActor for Peer {
                     generation: peers.generation().0,
                 }
             }
+            Op::Healed => Reply::Healed(self.healed.clone()),
             Op::WrongType => match member.peers::<Store>() {
                 Ok(_) => Reply::Ok,
                 Err(e @ MeshError::WrongType { .. }) => Reply::Error(e.to_string()),
@@ -1024,6 +1044,36 @@ async fn a_restarted_member_knows_why_and_survivors_are_told() {
         assert_eq!(start.restarted, vec![0, 1, 2, 3]);
         assert_eq!((start.generation, now, start.source), (1, 1, None));
         assert!(restarts.is_empty());
+    }
+}
+
+/// A restarted member reaches its heal source from `new`: by the time the
+/// restarted life starts, the source's proc is in the new generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_member_reaches_its_source_from_new() {
+    let (_rt, pm) = procs(3).await;
+    let policy = MeshPolicy::default().intensity(20, Duration::from_secs(60));
+    let mesh = pm
+        .spawn_with::<Peer>(
+            "healing",
+            1,
+            &PeerArgs::default(),
+            SpawnOptions::new().policy(policy),
+        )
+        .await
+        .unwrap();
+    for round in 1..=8u64 {
+        let victim = Rank((round % 3) as u32);
+        let _ = mesh.call_one(victim, &Op::Fail).await.unwrap_err();
+        running_at(&mesh, round).await;
+        let healed = mesh.call_one(victim, &Op::Healed).await.unwrap();
+        let source: u64 = if victim.0 == 0 { 1 } else { 0 };
+        assert_eq!(
+            healed,
+            Reply::Healed(Some(Ok(source))),
+            "round {round}: rank {} healing from rank {source}",
+            victim.0
+        );
     }
 }
 
