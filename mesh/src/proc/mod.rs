@@ -198,6 +198,9 @@ impl ProcRuntime {
                         self.fabric.learn(&info);
                         hosted.retire(&ranks, first);
                         hosted.known.update(info);
+                        if let Some(restart) = &start {
+                            hosted.known.restarted(restart);
+                        }
                         hosted.submit(MeshOp::Respawn {
                             call,
                             reply_to,
@@ -220,6 +223,9 @@ impl ProcRuntime {
                 }
                 self.fabric.learn(&info);
                 let known = KnownMesh::new(info.clone());
+                if let Some(restart) = &start {
+                    known.restarted(restart);
+                }
                 self.services
                     .known
                     .lock()
@@ -284,7 +290,9 @@ impl ProcRuntime {
                 // one are refused, and the replaced lives get nothing more.
                 hosted.retire(&ranks, first);
                 hosted.known.update(info);
-                // The members of this proc that were not respawned survived.
+                hosted.known.restarted(&restart);
+                // The members of this proc that survived are told, as on
+                // procs that only enroll in the new generation.
                 hosted.tell_survivors(&restart);
                 hosted.submit(MeshOp::Respawn {
                     call,
@@ -311,6 +319,7 @@ impl ProcRuntime {
                         self.fabric.learn(&info);
                         h.known.update(info);
                         if let Some(restart) = restart {
+                            h.known.restarted(&restart);
                             h.tell_survivors(&restart);
                         }
                         ReplyBody::Updated
@@ -327,12 +336,14 @@ impl ProcRuntime {
                     self.fabric.lost().insert(p);
                 }
                 if let Some(known) = self.known(mesh) {
-                    // Subtrees this proc waits on, headed by a lost proc,
-                    // end now rather than at their deadline.
+                    // Casts this proc's members (or this proc, as a node of
+                    // a tree) wait on through a lost proc end now, as the
+                    // owner's own do, not at their deadline.
                     let info = known.info();
+                    let why = failure.cause.to_string();
                     for p in &lost {
                         if let Some(rank) = info.proc_rank(p) {
-                            self.services.pending.lose_proc(mesh, rank, "proc lost");
+                            self.services.pending.lose_proc(mesh, rank, &why);
                         }
                     }
                     known.failed(&failure);
