@@ -1,7 +1,8 @@
-//! The rpath part of `tensor/build.rs`: the `regent` binary (its
-//! `bench tensor` suite runs collectives) and the tests of this crate find
-//! libtorch's shared libraries through an rpath (torch-sys adds
-//! none). libtorch's library directory is found as torch-sys finds it:
+//! The rpath part of `tensor/build.rs`: the `regent` binary (`regent
+//! train`, `regent bench tensor`, and the procs they start, which are this
+//! binary too) and the test and bench binaries of this crate find
+//! libtorch's shared libraries through an rpath (torch-sys adds none).
+//! libtorch's library directory is found as torch-sys finds it:
 //! `LIBTORCH_LIB`, or `LIBTORCH` (from `.cargo/config.toml` or the
 //! environment), or with `LIBTORCH_USE_PYTORCH` the Python torch package.
 use std::path::PathBuf;

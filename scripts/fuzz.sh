@@ -25,7 +25,8 @@
 # decoded values (with FUZZ_SANITIZER=address for code with `unsafe`).
 #
 # Seeds: `cargo run --manifest-path fuzz/Cargo.toml --example seeds`
-# rewrites them from fuzz/examples/seeds.rs (keeping `regress-*` files).
+# rewrites them from fuzz/examples/seeds.rs (keeping `regress-*` files);
+# this script does so first and fails if that changed the committed ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,6 +62,22 @@ for t in "${targets[@]}"; do
     exit 1
   fi
 done
+
+# The seeds come from the real encoders (fuzz/examples/seeds.rs): rewrite
+# them, which also checks that the generator still builds and that every
+# seed decodes, and fail when the committed ones are stale (a wire format
+# changed without them).
+ts=$(now)
+cargo run --quiet --manifest-path fuzz/Cargo.toml --example seeds
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  if ! git diff --quiet -- fuzz/seeds ||
+    [[ -n $(git ls-files --others --exclude-standard -- fuzz/seeds) ]]; then
+    git status --short -- fuzz/seeds >&2
+    echo "fuzz: the committed seeds are stale; commit the rewritten fuzz/seeds/" >&2
+    exit 1
+  fi
+fi
+t_seeds=$(( $(now) - ts ))
 
 t1=$(now)
 echo "building ${#targets[@]} fuzz targets (sanitizer: $sanitizer)"
@@ -104,7 +121,7 @@ for t in "${targets[@]}"; do
   done
 done
 
-echo "fuzz: install ${t_install}s, build ${t_build}s, total $(( $(now) - t0 ))s"
+echo "fuzz: install ${t_install}s, seeds ${t_seeds}s, build ${t_build}s, total $(( $(now) - t0 ))s"
 if (( ${#failed[@]} )); then
   echo "fuzz: ${#failed[@]} of ${#targets[@]} targets failed: ${failed[*]}" >&2
   exit 1

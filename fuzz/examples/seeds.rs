@@ -16,14 +16,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use regent_mesh::alloc::{ProcBoot, ProcSignal, ProcStatus};
+use regent_mesh::alloc::{Placement, ProcBoot, ProcSignal, ProcStatus};
 use regent_mesh::host::wire::{
     HostHello, HostOp, HostReply, HostRequest, ProcExited, ProcReady, Ready, Renew, ReplyOk,
     RequestId, SpawnRequest,
 };
 use regent_mesh::protocol::{
-    self, CastFrame, Collect, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand, ProcReply,
-    ReplyBody, ReplyTo, SpawnChild,
+    self, CastFrame, CastToken, Collect, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand,
+    ProcReply, ReplyBody, ReplyTo, Restart, SpawnChild,
 };
 use regent_mesh::{Decision, FailureCause, MemberError, MeshFailure, MeshPolicy, Rank, Shape};
 use regent_net::wire::{
@@ -52,6 +52,17 @@ struct Seeds {
 }
 
 impl Seeds {
+    /// Writes (or rewrites) the regression input `regress-NAME` of
+    /// `target`: a crash found before, made by the encoders.
+    fn regression(&mut self, target: &str, (name, bytes): (&str, Vec<u8>)) {
+        let path = self
+            .root
+            .join(target)
+            .join(format!("{REGRESSION_PREFIX}{name}"));
+        std::fs::write(&path, bytes).expect("write a regression seed");
+        self.written += 1;
+    }
+
     /// Replaces the generated seeds of `target` with `seeds`.
     fn target(&mut self, target: &str, seeds: Vec<(String, Vec<u8>)>) {
         let dir = self.root.join(target);
@@ -289,6 +300,7 @@ fn mesh_info(generation: u64) -> MeshInfo {
         fanout: NonZeroU32::new(8).expect("non-zero"),
         owner: port("controller/regent-controller[0]#2"),
         generation: Generation(generation),
+        token: CastToken(0x5eed_0000_0000_0000_0000_0000_0000_0001),
     }
 }
 
@@ -310,6 +322,17 @@ fn cast(collect: Collect, selection: &str, reply: bool) -> CastFrame {
         }),
         collect,
         budget_ms: 5000,
+        token: info.token,
+        lost: vec![],
+    }
+}
+
+fn restart(generation: u64) -> Restart {
+    Restart {
+        generation: Generation(generation),
+        ranks: vec![2, 3],
+        cause: FailureCause::Stopped,
+        sources: vec![(2, 0), (3, 1)],
     }
 }
 
@@ -324,6 +347,7 @@ fn mesh(out: &mut Seeds) {
                 info: mesh_info(0),
                 proc_rank: 1,
                 args: Bytes::from_static(b"args"),
+                start: None,
             },
         ),
         (
@@ -342,6 +366,7 @@ fn mesh(out: &mut Seeds) {
                 info: mesh_info(1),
                 ranks: vec![2, 3],
                 args: Bytes::new(),
+                restart: restart(1),
             },
         ),
         (
@@ -350,6 +375,7 @@ fn mesh(out: &mut Seeds) {
                 call: 4,
                 reply_to: reply_to(),
                 info: mesh_info(2),
+                restart: Some(restart(2)),
             },
         ),
         (
@@ -370,14 +396,14 @@ fn mesh(out: &mut Seeds) {
         ),
         ("child-info", ProcCommand::ChildInfo { info: mesh_info(0) }),
         (
-            // Nearly the largest mesh (two procs of u32::MAX / 2 members):
-            // values at the bounds, for mutations to push past them.
+            // The most members a proc may host, on two procs: values at
+            // the bounds, for mutations to push past them.
             "child-info-largest",
             ProcCommand::ChildInfo {
                 info: MeshInfo {
-                    shape: Shape::new([("hosts", 2), ("actors", (u32::MAX / 2) as usize)])
+                    shape: Shape::new([("hosts", 2), ("actors", protocol::MAX_PER_PROC as usize)])
                         .expect("a valid shape"),
-                    per_proc: u32::MAX / 2,
+                    per_proc: protocol::MAX_PER_PROC,
                     fanout: NonZeroU32::MAX,
                     generation: Generation(u64::MAX),
                     ..mesh_info(0)
@@ -547,6 +573,8 @@ fn host(out: &mut Seeds) {
             proc: owner_proc.clone(),
         },
         owner_lease: Duration::from_secs(30),
+        endpoint: regent_net::EndpointConfig::default(),
+        placement: Placement::default().env("CUDA_VISIBLE_DEVICES", "1"),
     };
     let requests = [
         (
@@ -562,7 +590,7 @@ fn host(out: &mut Seeds) {
         (
             "spawn-default-program",
             HostOp::Spawn(Box::new(SpawnRequest {
-                boot,
+                boot: boot.clone(),
                 program: None,
                 args: vec![],
                 env: vec![],
@@ -597,6 +625,22 @@ fn host(out: &mut Seeds) {
         );
         seeds.push((format!("request-{name}"), bytes));
     }
+    // A crash CI's fuzzing found: a boot whose owner lease overflowed a
+    // deadline decoded. It must not decode.
+    let mut long_boot = boot.clone();
+    long_boot.owner_lease = Duration::from_secs(8_061_518_342);
+    let bytes = enc(&HostRequest {
+        id: RequestId(9),
+        op: HostOp::Spawn(Box::new(SpawnRequest {
+            boot: long_boot,
+            program: None,
+            args: vec![],
+            env: vec![],
+            lease: Duration::from_secs(60),
+        })),
+    });
+    assert!(wire::decode_body::<HostRequest>(&bytes).is_err());
+    let regression = ("owner-lease-overflows-deadline", bytes);
     let endpoint = addr("quic://10.0.0.2:4433/trainer-0");
     seeds.extend([
         (
@@ -659,6 +703,7 @@ fn host(out: &mut Seeds) {
         ),
     ]);
     out.target("host_wire", seeds);
+    out.regression("host_wire", regression);
 }
 
 // --- rdma ---------------------------------------------------------------

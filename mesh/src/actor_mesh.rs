@@ -633,7 +633,7 @@ impl Member {
             mesh: name.to_owned(),
             message,
         };
-        let (call, answer) = services.pending.request();
+        let (call, answer) = services.pending.request(self.inner.controller.proc());
         let request = SpawnChild {
             call,
             reply_to: services.fabric.reply_port(),

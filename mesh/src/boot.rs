@@ -49,6 +49,22 @@ pub const ROLE_HOST: &str = "host";
 pub const PARENT_PID_ENV: &str = "REGENT_PARENT_PID";
 /// The largest boot a proc reads from its stdin, in bytes.
 pub const MAX_BOOT_BYTES: usize = 64 * 1024;
+/// The longest owner lease a boot may carry ([`ProcBoot::owner_lease`]):
+/// one day. A longer one does not decode, so a deadline that far from now
+/// always exists.
+pub const MAX_OWNER_LEASE: Duration = Duration::from_secs(24 * 3600);
+
+/// Decodes an owner lease of at most [`MAX_OWNER_LEASE`].
+fn owner_lease<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    use serde::de::Error as _;
+    let value = Duration::deserialize(d)?;
+    if value > MAX_OWNER_LEASE {
+        return Err(D::Error::custom(format!(
+            "owner lease of {value:?} is longer than {MAX_OWNER_LEASE:?}"
+        )));
+    }
+    Ok(value)
+}
 
 /// What this process is, from [`ROLE_ENV`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +159,8 @@ pub struct ProcBoot {
     /// The controller that owns this proc and the meshes on it.
     pub owner: ProcAddr,
     /// How long the proc keeps running without hearing from its owner
-    /// before it stops itself.
+    /// before it stops itself (at most [`MAX_OWNER_LEASE`]).
+    #[serde(deserialize_with = "owner_lease")]
     pub owner_lease: Duration,
     /// The control plane's settings (the owner's: both sides agree on frame
     /// sizes and timeouts).
@@ -482,5 +499,28 @@ mod tests {
         // The Debug of a boot shows no key.
         let b = boot();
         assert!(!format!("{b:?}").contains("PRIVATE KEY"));
+    }
+
+    #[tokio::test]
+    async fn an_owner_lease_longer_than_the_bound_does_not_decode() {
+        let mut b = boot();
+        b.owner_lease = MAX_OWNER_LEASE;
+        let line = encode_boot(&b).unwrap();
+        assert_eq!(
+            read_boot(&line[..]).await.unwrap().owner_lease,
+            MAX_OWNER_LEASE
+        );
+        // One past the bound, and one so long that now + it overflows.
+        for lease in [
+            MAX_OWNER_LEASE + Duration::from_nanos(1),
+            Duration::from_secs(u64::MAX / 2),
+        ] {
+            b.owner_lease = lease;
+            let line = encode_boot(&b).unwrap();
+            assert!(matches!(
+                read_boot(&line[..]).await,
+                Err(BootError::Decode(_))
+            ));
+        }
     }
 }

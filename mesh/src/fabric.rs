@@ -183,8 +183,22 @@ pub(crate) enum Waiter {
         index: usize,
         /// The subtree's head: its mesh and proc rank.
         head: (MeshId, u32),
+        /// The head's proc: the only one whose answer counts.
+        from: ProcId,
     },
-    Request(oneshot::Sender<ReplyBody>),
+    Request {
+        answer: oneshot::Sender<ReplyBody>,
+        /// The proc asked: the only one whose answer counts.
+        from: ProcId,
+    },
+}
+
+impl Waiter {
+    fn from(&self) -> &ProcId {
+        match self {
+            Self::Child { from, .. } | Self::Request { from, .. } => from,
+        }
+    }
 }
 
 /// What a subtree's head sent back, or that it is gone.
@@ -207,10 +221,15 @@ impl Pending {
         call
     }
 
-    /// Registers a request (spawn, stop) and returns its number and answer.
-    pub(crate) fn request(&self) -> (u64, oneshot::Receiver<ReplyBody>) {
-        let (tx, rx) = oneshot::channel();
-        (self.register(Waiter::Request(tx)), rx)
+    /// Registers a request (spawn, stop) to `from` and returns its number
+    /// and answer.
+    pub(crate) fn request(&self, from: &ProcId) -> (u64, oneshot::Receiver<ReplyBody>) {
+        let (answer, rx) = oneshot::channel();
+        let waiter = Waiter::Request {
+            answer,
+            from: from.clone(),
+        };
+        (self.register(waiter), rx)
     }
 
     /// Forgets a call (its waiter gave up).
@@ -234,10 +253,15 @@ impl Pending {
         }
     }
 
-    /// Routes an answer to whoever waits for it; unknown or late answers are
+    /// Routes an answer from `sender` to whoever waits for it; unknown or
+    /// late answers, and answers from another proc than the one asked, are
     /// dropped.
-    pub(crate) fn resolve(&self, call: u64, body: ReplyBody) {
+    pub(crate) fn resolve(&self, call: u64, body: ReplyBody, sender: &ProcId) {
         let mut calls = self.calls.lock().expect("pending calls lock");
+        if calls.get(&call).is_some_and(|w| w.from() != sender) {
+            tracing::warn!(call, from = %sender, "an answer from another proc than the one asked dropped");
+            return;
+        }
         if let ReplyBody::CastPart(part) = body {
             match calls.get(&call) {
                 Some(Waiter::Child { results, index, .. }) => {
@@ -254,8 +278,8 @@ impl Pending {
             (Some(Waiter::Child { results, index, .. }), ReplyBody::Cast(c)) => {
                 let _ = results.send((index, ChildResult::Done(c)));
             }
-            (Some(Waiter::Request(tx)), body) => {
-                let _ = tx.send(body);
+            (Some(Waiter::Request { answer, .. }), body) => {
+                let _ = answer.send(body);
             }
             (Some(_), _) => tracing::warn!(call, "answer of the wrong kind dropped"),
             (None, _) => tracing::debug!(call, "late or unknown answer dropped"),

@@ -114,7 +114,7 @@ impl Fabric for SimFabric {
 
     fn reply(&self, port: PortId, reply: ProcReply) -> BoxFuture<'_, ()> {
         if let Some(p) = self.world.pending.get(port.proc()) {
-            p.resolve(reply.call, reply.body);
+            p.resolve(reply.call, reply.body, &self.me);
         }
         async {}.boxed()
     }
@@ -261,7 +261,7 @@ pub async fn simulate(
     let args = encode(&()).map_err(err)?;
     let mut answers = Vec::with_capacity(procs as usize);
     for rank in 0..procs {
-        let (call, answer) = root_pending.request();
+        let (call, answer) = root_pending.request(&ids[rank as usize]);
         let cmd = ProcCommand::Spawn {
             call,
             reply_to: fabric.reply_port(),

@@ -78,7 +78,14 @@ async fn setup(
     per_proc: u32,
     config: RuntimeConfig,
 ) -> (Runtime, ProcMesh, ActorMesh<Counter>) {
-    let rt = Runtime::start(config).await.unwrap();
+    // These tests count and order casts; none needs a silent link noticed
+    // fast, and on two shared cores (six tests and hundreds of casts at
+    // once) a heartbeat may come late.
+    let endpoint = regent_net::EndpointConfig {
+        failure_timeout: Duration::from_secs(5),
+        ..config.endpoint.clone()
+    };
+    let rt = Runtime::start(config.endpoint(endpoint)).await.unwrap();
     let pm = rt
         .spawn_procs(
             Arc::new(InProcAllocator::default()),
@@ -167,29 +174,74 @@ async fn the_controller_sends_at_most_fanout_messages_per_cast() {
     assert_eq!(mesh.call_one(Rank(39), &Op::Total).await.unwrap(), 115);
 }
 
+/// One sender with hundreds of casts in flight at once (awaited casts and
+/// fire-and-forget ones, handed over in order and only then awaited) through
+/// a four-level tree (9 procs, fan-out 2): every member sees its casts in
+/// the order they were sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn casts_from_one_sender_arrive_in_order_through_the_tree() {
     let fanout = NonZeroU32::new(2).unwrap();
     let (_rt, _pm, mesh) = setup(9, 2, RuntimeConfig::default().fanout(fanout)).await;
-    let selections = [Selection::All, sel("procs=4..9"), sel("procs=8")];
+    assert!(
+        regent_mesh::tree::depth(9, fanout) >= 3,
+        "the tree has at least three levels below the sender"
+    );
+    let selections = [
+        Selection::All,
+        sel("procs=4..9"),
+        sel("procs=8"),
+        sel("procs=1..7,actors=1"),
+        sel("procs=0"),
+    ];
+    const CASTS: u64 = 400;
     let mut expected = vec![Vec::new(); 18];
-    for i in 0..60u64 {
-        let s = &selections[(i % 3) as usize];
+    let mut in_flight = Vec::new();
+    for i in 0..CASTS {
+        let s = &selections[(i % selections.len() as u64) as usize];
         for r in s.eval(&mesh.shape(), 0).unwrap() {
             expected[r.index()].push(i);
         }
-        mesh.cast(s, &Op::Add(i))
-            .await
-            .unwrap()
-            .into_result()
-            .unwrap();
+        let mesh = &mesh;
+        let op = Op::Add(i);
+        // Every third cast does not wait for its members at all.
+        let cast: futures::future::BoxFuture<'_, Result<(), String>> = if i % 3 == 2 {
+            Box::pin(async move { mesh.cast_nowait(s, &op).await.map_err(|e| e.to_string()) })
+        } else {
+            Box::pin(async move {
+                match mesh.cast(s, &op).await {
+                    Ok(d) => d.into_result().map(|_| ()).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        };
+        in_flight.push(cast);
     }
+    // Polled in the order they were made: each is handed to the caster on
+    // its first poll, and only then does any of them wait.
+    for (i, r) in futures::future::join_all(in_flight)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        r.unwrap_or_else(|e| panic!("cast {i} failed: {e}"));
+    }
+    // The call is one more cast of the same sender: it reaches each member
+    // after every cast before it, the fire-and-forget ones included.
     let hashes = mesh.call(&Selection::All, &Op::OrderHash).await.unwrap();
-    assert_eq!(hashes.len(), 18);
-    for (r, h) in hashes.values() {
+    assert_eq!(hashes.len(), 18, "{:?}", hashes.failed());
+    let totals = mesh.call(&Selection::All, &Op::Total).await.unwrap();
+    for ((r, h), (_, total)) in hashes.values().iter().zip(totals.values()) {
+        let mine = &expected[r.index()];
+        assert_eq!(
+            *total,
+            10 + mine.iter().sum::<u64>(),
+            "rank {} did not get each of its {} casts exactly once",
+            r.0,
+            mine.len()
+        );
         assert_eq!(
             *h,
-            order_hash(&expected[r.index()]),
+            order_hash(mine),
             "rank {} saw its casts out of order",
             r.0
         );
@@ -254,49 +306,98 @@ async fn failures_are_reported_by_rank_and_nothing_hangs() {
     ));
 }
 
+/// Others of the cluster tell a proc to exit and to stop the mesh's
+/// members: another proc, and another controller of the same CA. The proc
+/// obeys neither. Each then
+/// casts (with the mesh's capability, which anyone handed a reference may
+/// use) on the same (sender, receiver) stream, so once that cast has reached
+/// the member, the proc has handled the commands before it: the test waits
+/// for that outcome instead of sleeping.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_owner_controls_a_proc() {
+    use regent_mesh::protocol::{CastFrame, Collect, MeshInfo, ProcCommand};
+    use regent_net::{
+        ActorId, ActorName, Endpoint, EndpointConfig, Generation, ProcId, Role, Validity,
+    };
     let (rt, _pm, mesh) = setup(2, 1, RuntimeConfig::default()).await;
-    // Another member of the cluster (a valid certificate from the same CA)
-    // tells a proc to exit.
-    let intruder = regent_net::ProcId::new("intruder").unwrap();
-    let endpoint = regent_net::Endpoint::bind(
-        rt.ca()
-            .issue(
-                &intruder,
-                regent_net::Role::Proc,
-                regent_net::Validity::job(),
-            )
-            .unwrap(),
-        "127.0.0.1:0".parse().unwrap(),
-        regent_net::EndpointConfig::default(),
-    )
-    .unwrap();
+    // A reference carries the mesh's info, capability included.
+    let info: MeshInfo =
+        postcard::from_bytes(&postcard::to_allocvec(&mesh.reference()).unwrap()).unwrap();
     let target = mesh.procs()[1].clone();
-    endpoint.add_route(target.clone());
-    let to = regent_net::ActorId {
+    let to = ActorId {
         proc: target.proc.clone(),
-        name: regent_net::ActorName::new("regent-proc").unwrap(),
+        name: ActorName::new("regent-proc").unwrap(),
         index: 0,
     }
     .port(0);
-    endpoint
-        .send(
-            &intruder.actor("x", 0).unwrap(),
-            &to,
-            regent_net::Generation(0),
-            regent_mesh::protocol::ProcCommand::Exit,
+    let mut total = 10;
+    for (i, (name, role)) in [
+        ("intruder", Role::Proc),
+        ("other-controller", Role::Controller),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let me = ProcId::new(name).unwrap();
+        let endpoint = Endpoint::bind(
+            rt.ca().issue(&me, role, Validity::job()).unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+            EndpointConfig::default(),
         )
+        .unwrap();
+        endpoint.add_route(target.clone());
+        let actor = me.actor("x", 0).unwrap();
+        let mut replies = endpoint.open_port(actor.port(1)).unwrap();
+        let send = |cmd: ProcCommand| endpoint.send(&actor, &to, Generation(0), cmd);
+        send(ProcCommand::Exit).await.unwrap();
+        send(ProcCommand::Stop {
+            call: 1,
+            reply_to: replies.port().clone(),
+            mesh: mesh.id(),
+        })
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let vm = mesh.call(&Selection::All, &Op::Rank).await.unwrap();
-    assert_eq!(
-        vm.len(),
-        2,
-        "the proc ignored the intruder: {:?}",
-        vm.failed()
-    );
+        let add = 1000 * (i as u64 + 1);
+        send(ProcCommand::Cast(CastFrame {
+            mesh: info.id,
+            generation: info.generation,
+            token: info.token,
+            origin: actor.clone(),
+            view: info.shape.clone(),
+            selection: Selection::All,
+            seed: 0,
+            procs: (1, 2),
+            per_proc: 1,
+            lost: Vec::new(),
+            payload: postcard::to_allocvec(&Op::Add(add)).unwrap().into(),
+            reply: None,
+            collect: Collect::Ack,
+            budget_ms: 1000,
+        }))
+        .await
+        .unwrap();
+        total += add;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match mesh.call_one(Rank(1), &Op::Total).await {
+                Ok(t) if t == total => break,
+                Ok(t) => assert!(t < total, "{name}: total {t}"),
+                Err(e) => panic!("{name}: the proc obeyed: {e}"),
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: the cast after the commands never arrived (the proc obeyed the exit?)"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            replies.try_recv().is_none(),
+            "{name}: the stop was answered"
+        );
+        let vm = mesh.call(&Selection::All, &Op::Rank).await.unwrap();
+        assert_eq!(vm.len(), 2, "{name}: the proc obeyed: {:?}", vm.failed());
+        endpoint.close();
+    }
 }
 
 /// A mesh actor type this binary never registers.

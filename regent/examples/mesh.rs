@@ -1,15 +1,17 @@
 //! Spawn a 2×4 mesh of a user-defined actor on the local allocator (two proc
 //! processes of this very binary, four actors each), cast to it, gather
-//! replies, and reduce them inside the cast tree.
+//! replies, and reduce them inside the cast tree — checking, each time,
+//! which members did not answer (users copy examples: the failures show).
 //!
 //! ```sh
 //! cargo run --release -p regent --example mesh
 //! ```
 
-use std::sync::Arc;
-
-use regent::mesh::alloc::LocalAllocator;
-use regent::mesh::{ActorError, Member, MeshActor, Runtime, RuntimeConfig, Selection, Shape, Sum};
+use anyhow::{Context, bail};
+use regent::mesh::{
+    ActorError, ActorMesh, Member, MeshActor, ProcMesh, Runtime, RuntimeConfig, Selection, Shape,
+    Sum,
+};
 use serde::{Deserialize, Serialize};
 
 /// A toy trainer: holds a weight, takes gradient steps, reports its loss.
@@ -60,46 +62,75 @@ regent::mesh::register_actor!(Trainer);
 
 fn main() -> anyhow::Result<()> {
     // In the procs the local allocator starts (this binary again), this runs
-    // the proc runtime and never returns.
+    // the proc runtime and never returns. (`#[tokio::main]` works too: see
+    // the other examples.)
     regent::bootstrap();
-    tokio::runtime::Runtime::new()?.block_on(run())
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let rt = Runtime::start(RuntimeConfig::default()).await?;
+        let procs = rt
+            .spawn_procs(rt.local_allocator()?, Shape::new([("hosts", 2)])?)
+            .await?;
+        let result = run(&procs).await;
+        procs.stop(std::time::Duration::from_secs(2)).await?;
+        result
+    })
 }
 
-async fn run() -> anyhow::Result<()> {
-    let rt = Runtime::start(RuntimeConfig::default()).await?;
-    let allocator = Arc::new(LocalAllocator::new(rt.endpoint().clone())?);
-    let procs = rt
-        .spawn_procs(allocator, Shape::new([("hosts", 2)])?)
-        .await?;
+/// The total loss, reduced inside the cast tree; an error naming the
+/// members that did not contribute, if any did not.
+async fn total_loss(mesh: &ActorMesh<Trainer>) -> anyhow::Result<(f64, u32)> {
+    let total = mesh.reduce::<Sum<f64>>(&Selection::All, &Msg::Loss).await?;
+    if !total.is_complete() {
+        for (rank, why) in total.failed() {
+            eprintln!("rank {} did not report its loss: {why}", rank.0);
+        }
+    }
+    let contributors = total.contributors;
+    // `into_result` fails if any member did not contribute: a partial sum
+    // is not the total.
+    let value = total.into_result()?.context("no member reported a loss")?;
+    Ok((value, contributors))
+}
+
+async fn run(procs: &ProcMesh) -> anyhow::Result<()> {
     let mesh = procs.spawn::<Trainer>("trainers", 4, &0.1).await?;
     let procs_list: Vec<String> = mesh.procs().iter().map(ToString::to_string).collect();
     println!("spawned {} on {procs_list:?}", mesh.shape());
 
-    let before = mesh.reduce::<Sum<f64>>(&Selection::All, &Msg::Loss).await?;
-    println!(
-        "total loss before training: {:.3}",
-        before.value.unwrap_or(0.0)
-    );
+    let (before, _) = total_loss(&mesh).await?;
+    println!("total loss before training: {before:.3}");
 
-    // One cast reaches all eight members through the cast tree.
-    mesh.cast(&Selection::All, &Msg::Train(5))
-        .await?
-        .into_result()?;
+    // One cast reaches all eight members through the cast tree; it returns
+    // once every member has it, or says which could not be reached.
+    let delivered = mesh.cast(&Selection::All, &Msg::Train(5)).await?;
+    if !delivered.is_complete() {
+        for (rank, why) in delivered.failed() {
+            eprintln!("rank {} did not get the training step: {why}", rank.0);
+        }
+        bail!("{} members missed a step", delivered.failed().len());
+    }
     // Train the second host's members a little more.
     let second: Selection = "hosts=1".parse()?;
-    mesh.cast(&second, &Msg::Train(20)).await?.into_result()?;
+    let n = mesh.cast(&second, &Msg::Train(20)).await?.into_result()?;
+    println!("the second host's {n} members trained 20 more steps");
 
     let losses = mesh.call(&Selection::All, &Msg::Loss).await?;
     for (rank, loss) in losses.values() {
-        let point = mesh.shape().point_of(*rank).expect("a rank of the mesh");
+        let point = mesh.shape().point_of(*rank).context("a rank of the mesh")?;
         println!("  {point}: loss {loss:.5}");
     }
-    let after = mesh.reduce::<Sum<f64>>(&Selection::All, &Msg::Loss).await?;
+    for (rank, why) in losses.failed() {
+        println!("  rank {}: no loss ({why})", rank.0);
+    }
+    if !losses.is_complete() {
+        bail!(
+            "{} members did not report their loss",
+            losses.failed().len()
+        );
+    }
+    let (after, contributors) = total_loss(&mesh).await?;
     println!(
-        "total loss after training: {:.5} ({} members, reduced inside the tree)",
-        after.value.unwrap_or(0.0),
-        after.contributors
+        "total loss after training: {after:.5} ({contributors} members, reduced inside the tree)"
     );
-    procs.stop(std::time::Duration::from_secs(2)).await?;
     Ok(())
 }

@@ -12,3 +12,5 @@ pub use regent_mesh::bootstrap;
 pub use regent_net as net;
 pub use regent_rdma as rdma;
 pub use regent_supervisor as supervisor;
+pub use regent_tensor as tensor;
+pub use regent_train as train;

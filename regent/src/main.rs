@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod bench;
 mod chaos;
 mod demo;
+mod train;
 
 use bench::{BenchOptions, Report};
 
@@ -63,6 +64,47 @@ enum Command {
         /// The host agent's options.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// A supervised data-parallel training job on procs of this binary,
+    /// with faults injected on a seeded schedule, then its report.
+    Train {
+        /// Procs (data-parallel ranks).
+        #[arg(long, default_value_t = 4)]
+        procs: u32,
+        /// The model: `gpt` (a char-level transformer) or `mlp`.
+        #[arg(long, default_value = "gpt")]
+        model: String,
+        /// A text file for the gpt (default: a corpus generated from the
+        /// seed).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Steps to reach.
+        #[arg(long, default_value_t = 300)]
+        steps: u64,
+        /// A checkpoint every this many steps (0: never).
+        #[arg(long, default_value_t = 50)]
+        checkpoint_every: u64,
+        /// Where checkpoints live; the same directory resumes a job.
+        #[arg(long, default_value = "regent-run")]
+        run_dir: PathBuf,
+        /// Faults to inject: `KIND[,KIND...][:EVERY]`, kinds `kill` and
+        /// `pause` (e.g. `kill:15s`, `kill,pause:5s`).
+        #[arg(long)]
+        chaos: Option<String>,
+        /// Also compute the fault-free result and compare the final weights
+        /// bit for bit (exits non-zero if they differ).
+        #[arg(long)]
+        verify: bool,
+        /// What a failure restarts: `member` (heal from a live peer) or
+        /// `mesh` (resume from the checkpoint).
+        #[arg(long, default_value = "member")]
+        policy: String,
+        /// The seed of weights, data and faults.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A step that takes longer fails (its hung ranks are replaced).
+        #[arg(long, default_value = "20s", value_parser = chaos::parse_duration)]
+        step_timeout: std::time::Duration,
     },
     /// Chaos runs (`regent chaos soak --duration 1h --seed S`).
     Chaos {
@@ -225,6 +267,37 @@ fn main() -> anyhow::Result<()> {
             println!("{report}");
             if report.violations() > 0 {
                 anyhow::bail!("{} invariant violation(s)", report.violations());
+            }
+            Ok(())
+        }
+        Command::Train {
+            procs,
+            model,
+            data,
+            steps,
+            checkpoint_every,
+            run_dir,
+            chaos,
+            verify,
+            policy,
+            seed,
+            step_timeout,
+        } => {
+            let opts = train::TrainOptions {
+                procs,
+                model,
+                data,
+                steps,
+                checkpoint_every,
+                run_dir,
+                chaos,
+                verify,
+                policy,
+                seed,
+                step_timeout,
+            };
+            if !rt.block_on(train::train(opts))? {
+                anyhow::bail!("the final weights differ from the fault-free reference");
             }
             Ok(())
         }

@@ -2,6 +2,7 @@
 //! under `tests/tests/`; this library holds what they share.
 #![forbid(unsafe_code)]
 
+pub mod members_actors;
 pub mod mesh_actors;
 pub mod peers;
 pub mod process;

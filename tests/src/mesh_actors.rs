@@ -1,17 +1,20 @@
 //! The mesh actors of the end-to-end suites, registered in both the proc
 //! binary (`mesh_proc`) and the test binaries that drive it.
 
-use std::time::Duration;
+use std::io::Write as _;
+use std::time::{Duration, Instant};
 
-use regent_mesh::{ActorError, Member, MeshActor};
+use regent_mesh::{ActorError, Member, MeshActor, Selection};
 use serde::{Deserialize, Serialize};
 
-/// A worker that counts, reports who and where it is, and fails, panics or
-/// stalls on request.
+/// A worker that counts, reports who and where it is, and fails, panics,
+/// stalls or blocks its thread on request; with a journal, every life
+/// records its start, the marks it gets and its heartbeats while blocked.
 pub struct Worker {
     rank: u32,
     generation: u64,
     count: u64,
+    journal: Option<String>,
 }
 
 /// What a [`Worker`] is told.
@@ -27,6 +30,26 @@ pub enum Op {
     Panic,
     /// Sleep this many milliseconds, then reply.
     Sleep(u64),
+    /// Block the member's thread this many milliseconds (as tensor code
+    /// does: no await, so nothing can stop it), with a journal heartbeat
+    /// every 20 ms.
+    Block(u64),
+    /// Journal the mark.
+    Mark(u64),
+    /// After `after_ms`, cast `Mark(mark)` to every peer (within 2 s) and
+    /// write what the cast did to the file `out`.
+    CastPeersLater {
+        /// How long to wait first.
+        after_ms: u64,
+        /// The mark to cast.
+        mark: u64,
+        /// Where to write the outcome.
+        out: String,
+    },
+    /// Reply with the length of the bytes.
+    Echo(Vec<u8>),
+    /// Reply with this many bytes.
+    Blob(u32),
 }
 
 /// A [`Worker`]'s reply.
@@ -43,6 +66,8 @@ pub enum Reply {
         /// Its OS process.
         pid: u32,
     },
+    /// Bytes.
+    Bytes(Vec<u8>),
     /// Done.
     Ok,
 }
@@ -53,6 +78,41 @@ pub enum Reply {
 pub struct WorkerArgs {
     /// A path whose existence makes starts fail.
     pub fail_start_if: Option<String>,
+    /// A file every life appends its events to, one line each:
+    /// `start <rank> <generation> <pid>`, `mark <rank> <generation> <pid>
+    /// <mark>`, `beat <rank> <generation> <pid>`.
+    pub journal: Option<String>,
+    /// How long a restarted life's `new` takes, in milliseconds.
+    pub restart_new_ms: u64,
+}
+
+/// Appends one line to the journal, if there is one (one `write` on a file
+/// opened to append: lines of several processes do not interleave).
+fn journal(path: Option<&str>, line: &str) {
+    let Some(path) = path else { return };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = f.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+impl Worker {
+    /// Journals `<event> <rank> <generation> <pid>[ <detail>]`.
+    fn journal(&self, event: &str, detail: Option<u64>) {
+        let mut line = format!(
+            "{event} {} {} {}",
+            self.rank,
+            self.generation,
+            std::process::id()
+        );
+        if let Some(d) = detail {
+            line.push_str(&format!(" {d}"));
+        }
+        journal(self.journal.as_deref(), &line);
+    }
 }
 
 impl MeshActor for Worker {
@@ -67,14 +127,20 @@ impl MeshActor for Worker {
         {
             return Err(format!("cannot start: {path} exists").into());
         }
-        Ok(Self {
+        if member.start().is_restart() {
+            tokio::time::sleep(Duration::from_millis(args.restart_new_ms)).await;
+        }
+        let worker = Self {
             rank: member.rank().0,
             generation: member.generation().0,
             count: 0,
-        })
+            journal: args.journal,
+        };
+        worker.journal("start", None);
+        Ok(worker)
     }
 
-    async fn handle(&mut self, _: &Member, op: Op) -> Result<Reply, ActorError> {
+    async fn handle(&mut self, member: &Member, op: Op) -> Result<Reply, ActorError> {
         Ok(match op {
             Op::Bump => {
                 self.count += 1;
@@ -91,6 +157,38 @@ impl MeshActor for Worker {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 Reply::Ok
             }
+            Op::Block(ms) => {
+                let end = Instant::now() + Duration::from_millis(ms);
+                while Instant::now() < end {
+                    self.journal("beat", None);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Reply::Ok
+            }
+            Op::Mark(mark) => {
+                self.journal("mark", Some(mark));
+                Reply::Ok
+            }
+            Op::CastPeersLater {
+                after_ms,
+                mark,
+                out,
+            } => {
+                tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                let outcome = match member.peers::<Worker>() {
+                    Ok(peers) => format!(
+                        "{:?}",
+                        peers
+                            .cast_within(&Selection::All, &Op::Mark(mark), Duration::from_secs(2))
+                            .await
+                    ),
+                    Err(e) => format!("no peers: {e}"),
+                };
+                std::fs::write(&out, outcome)?;
+                Reply::Ok
+            }
+            Op::Echo(bytes) => Reply::Count(bytes.len() as u64),
+            Op::Blob(n) => Reply::Bytes(vec![self.rank as u8; n as usize]),
         })
     }
 }

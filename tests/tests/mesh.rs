@@ -2,9 +2,11 @@
 //! `LocalAllocator`'s host agent): casts and calls, and supervision under
 //! real faults — SIGKILL under each policy, SIGSTOP past the failure timeout
 //! then SIGCONT (the zombie is fenced and told to exit), a panic inside an
-//! actor, a crash loop at start that exhausts the intensity, and escalation
-//! through a three-level tree. Every test checks that no proc it started
-//! outlives it.
+//! actor, a crash loop at start that exhausts the intensity, escalation
+//! through a three-level tree, a member stuck in blocking code (its proc is
+//! replaced), calls during a restart (they fail at once), the controller's
+//! frame limit on its procs, and `bootstrap()` under `#[tokio::main]`.
+//! Every test checks that no proc it started outlives it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,11 +33,18 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(procs: usize) -> Self {
-        let config = RuntimeConfig::default()
+    fn config() -> RuntimeConfig {
+        RuntimeConfig::default()
             .owner_lease(LEASE)
             .call_timeout(Duration::from_secs(10))
-            .endpoint(EndpointConfig::default());
+            .endpoint(EndpointConfig::default())
+    }
+
+    async fn start(procs: usize) -> Self {
+        Self::start_with(procs, Self::config()).await
+    }
+
+    async fn start_with(procs: usize, config: RuntimeConfig) -> Self {
         let rt = Runtime::start(config).await.unwrap();
         let alloc = Arc::new(
             LocalAllocator::new(rt.endpoint().clone())
@@ -57,8 +66,19 @@ impl Cluster {
     }
 
     async fn spawn(&self, name: &str, per_proc: u32, options: SpawnOptions) -> ActorMesh<Worker> {
+        self.spawn_args(name, per_proc, &WorkerArgs::default(), options)
+            .await
+    }
+
+    async fn spawn_args(
+        &self,
+        name: &str,
+        per_proc: u32,
+        args: &WorkerArgs,
+        options: SpawnOptions,
+    ) -> ActorMesh<Worker> {
         self.procs
-            .spawn_with::<Worker>(name, per_proc, &WorkerArgs::default(), options)
+            .spawn_with::<Worker>(name, per_proc, args, options)
             .await
             .unwrap()
     }
@@ -246,6 +266,7 @@ async fn a_crash_loop_at_start_exhausts_the_intensity_and_escalates() {
     let flag = std::env::temp_dir().join(format!("regent-crashloop-{}", std::process::id()));
     let args = WorkerArgs {
         fail_start_if: Some(flag.display().to_string()),
+        ..WorkerArgs::default()
     };
     let policy = MeshPolicy::new(Decision::RestartMember).intensity(2, Duration::from_secs(60));
     let mesh = c
@@ -294,18 +315,71 @@ async fn escalation_through_a_three_level_tree_reaches_the_root() {
     c.finish().await;
 }
 
+/// The lines of a worker journal (see `WorkerArgs::journal`), parsed:
+/// (event, rank, generation, pid, the rest).
+fn journal(path: &std::path::Path) -> Vec<(String, u32, u64, u32, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let mut f = l.splitn(5, ' ');
+            let mut next = || f.next().unwrap_or_default().to_owned();
+            let event = next();
+            let rank = next().parse().unwrap();
+            let generation = next().parse().unwrap();
+            let pid = next().parse().unwrap();
+            (event, rank, generation, pid, next())
+        })
+        .collect()
+}
+
+/// Waits until `path` holds something (or the deadline passes).
+fn wait_for_file(path: &std::path::Path, deadline: Duration) -> Option<String> {
+    let end = Instant::now() + deadline;
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(s) if !s.is_empty() => return Some(s),
+            _ if Instant::now() >= end => return None,
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
 /// SIGSTOP a proc past the failure timeout: it is declared failed (link),
 /// its members are respawned on a fresh proc in a new generation; after
-/// SIGCONT the zombie is refused (its old generation is fenced out) and
-/// told to exit, and no two live members ever share a rank in one
-/// generation.
+/// SIGCONT the zombie is fenced: its members got nothing of the new
+/// generation, what it casts to its old peers is refused by every live proc,
+/// it exits (its lease lapsed, and it is told to), its exit causes no
+/// restart, and no two live members ever share a rank in one generation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
+    const ZOMBIE_MARK: u64 = 999;
     let c = Cluster::start(3).await;
-    let mesh = c.spawn("w", 2, SpawnOptions::new()).await;
+    let dir = regent_tests::tempdir::TempDir::new("mesh", "zombie");
+    let journal_path = dir.path().join("journal");
+    let out = dir.path().join("zombie-cast");
+    let args = WorkerArgs {
+        journal: Some(journal_path.display().to_string()),
+        ..WorkerArgs::default()
+    };
+    let mesh = c.spawn_args("w", 2, &args, SpawnOptions::new()).await;
     let mut failures = mesh.failures();
     let zombie = c.pid_of(&mesh, 1);
     let zombie_proc = mesh.procs()[1].proc.clone();
+    // Rank 2 (on the doomed proc) will cast to its peers once it wakes,
+    // long after its mesh has moved on.
+    mesh.cast(
+        &"procs=1,actors=0".parse().unwrap(),
+        &Op::CastPeersLater {
+            after_ms: 3000,
+            mark: ZOMBIE_MARK,
+            out: out.display().to_string(),
+        },
+    )
+    .await
+    .unwrap()
+    .into_result()
+    .unwrap();
     c.alloc
         .signal(&zombie_proc, ProcSignal::Stop)
         .await
@@ -328,22 +402,70 @@ async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
         "no answer from the zombie"
     );
     assert_eq!(who[2].1, 1);
+    // The new generation's casts, while the zombie sleeps.
+    for m in 1000..1010 {
+        mesh.cast(&Selection::All, &Op::Mark(m))
+            .await
+            .unwrap()
+            .into_result()
+            .unwrap();
+    }
     // Wake the zombie: it is fenced, told to exit, and its lease has lapsed.
     c.alloc
         .signal(&zombie_proc, ProcSignal::Cont)
         .await
         .unwrap();
+    let zombie_cast = wait_for_file(&out, DEADLINE).expect("the zombie's member never cast");
+    println!("the zombie's cast to its peers: {zombie_cast}");
     let left = wait_gone(&[zombie], DEADLINE);
     assert!(left.is_empty(), "the zombie is still running");
-    // Its exit is a report about a replaced life: stale, no new restart.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // What it sent was refused by every live proc of the mesh (they do not
+    // even answer it: it is lost to them), and no member took it.
+    assert!(
+        zombie_cast.starts_with("Ok(Delivered { delivered: 0,"),
+        "{zombie_cast}"
+    );
+    let lines = journal(&journal_path);
+    assert!(
+        !lines
+            .iter()
+            .any(|(e, _, _, _, m)| e == "mark" && m == "999"),
+        "a member took the zombie's cast: {lines:?}"
+    );
+    // The new generation's marks reached every live member, none of the
+    // zombie's.
+    for (e, rank, _, pid, m) in &lines {
+        if e == "mark" && *pid == zombie {
+            panic!("the zombie's rank {rank} got mark {m} of the new generation");
+        }
+    }
+    let marked: std::collections::BTreeSet<u32> = lines
+        .iter()
+        .filter(|(e, _, _, _, m)| e == "mark" && m == "1009")
+        .map(|(_, r, _, _, _)| *r)
+        .collect();
+    assert_eq!(marked, (0..6).collect());
+    // Its exit is a report about a replaced life: stale, no restart. A
+    // failure after it (the supervisor takes reports in order) shows that
+    // only that failure restarts anything.
+    let _ = mesh
+        .call(&"procs=0,actors=0".parse().unwrap(), &Op::Fail)
+        .await;
+    running_at(&mesh, 2).await;
+    let failure = failures.recv().await.unwrap();
+    assert_eq!(failure.ranks, vec![Rank(0)], "{failure}");
+    assert!(
+        matches!(failure.cause, FailureCause::Actor { .. }),
+        "{failure}"
+    );
+    assert!(failures.try_recv().is_err(), "another failure was reported");
     assert_eq!(
         mesh.generation().0,
-        1,
+        2,
         "the zombie's exit caused no restart"
     );
     let again = whoami(&mesh).await;
-    assert_eq!(again, who);
+    assert_eq!(again[1..], who[1..]);
     let mut seen = std::collections::HashSet::new();
     for (rank, generation, _) in &again {
         assert!(
@@ -353,6 +475,236 @@ async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
     }
     assert!(alive(c.pid_of(&mesh, 1)));
     c.finish().await;
+}
+
+/// A member stuck in blocking code (a thread that never yields, as tensor
+/// code) when its mesh restarts: it cannot be stopped or killed, so its proc
+/// exits with `EXIT_MEMBER_STUCK`, and the member is restarted on a fresh
+/// proc — never beside its stuck life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stuck_in_blocking_code_has_its_proc_replaced() {
+    let c = Cluster::start(2).await;
+    let dir = regent_tests::tempdir::TempDir::new("mesh", "stuck");
+    let journal_path = dir.path().join("journal");
+    let args = WorkerArgs {
+        journal: Some(journal_path.display().to_string()),
+        ..WorkerArgs::default()
+    };
+    let options = SpawnOptions::new().policy(MeshPolicy::new(Decision::RestartMesh));
+    let mesh = c.spawn_args("w", 1, &args, options).await;
+    let mut failures = mesh.failures();
+    let stuck_pid = c.pid_of(&mesh, 1);
+    mesh.cast(&"procs=1".parse().unwrap(), &Op::Block(120_000))
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    let end = Instant::now() + DEADLINE;
+    while !journal(&journal_path)
+        .iter()
+        .any(|(e, r, _, _, _)| e == "beat" && *r == 1)
+    {
+        assert!(Instant::now() < end, "rank 1 never blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another member fails: the whole mesh restarts, and rank 1 must stop.
+    let t = Instant::now();
+    let _ = mesh.call(&"procs=0".parse().unwrap(), &Op::Fail).await;
+    running_at(&mesh, 1).await;
+    println!("the mesh runs again {:?} after the failure", t.elapsed());
+    let who = whoami(&mesh).await;
+    assert!(who.iter().all(|(_, g, _)| *g >= 1), "{who:?}");
+    assert_ne!(who[1].2, stuck_pid, "rank 1 lives in a fresh proc");
+    assert!(
+        wait_gone(&[stuck_pid], DEADLINE).is_empty(),
+        "the stuck proc still runs"
+    );
+    // Its proc exited because of the stuck member.
+    let mut causes = Vec::new();
+    while let Ok(f) = failures.try_recv() {
+        causes.push(f.cause);
+    }
+    println!("failures: {causes:?}");
+    assert!(
+        causes.iter().any(|cause| matches!(
+            cause,
+            FailureCause::ProcExited {
+                status: regent_mesh::alloc::ProcStatus::Code(code),
+                ..
+            } if *code == regent_mesh::EXIT_MEMBER_STUCK
+        )),
+        "no proc exit with EXIT_MEMBER_STUCK among {causes:?}"
+    );
+    // The proc's loss was known when the first restart failed on it: the
+    // next one replaces it (no restart is spent on a proc known lost).
+    assert!(
+        mesh.generation().0 <= 2,
+        "{} restarts: {causes:?}",
+        mesh.generation().0
+    );
+    // Never two lives of rank 1 at once: the stuck life's last heartbeat
+    // comes before the next life starts.
+    let lines = journal(&journal_path);
+    let last_beat = lines
+        .iter()
+        .rposition(|(e, r, _, p, _)| e == "beat" && *r == 1 && *p == stuck_pid)
+        .unwrap();
+    let next_start = lines
+        .iter()
+        .position(|(e, r, g, _, _)| e == "start" && *r == 1 && *g >= 1)
+        .expect("rank 1 never restarted");
+    assert!(
+        last_beat < next_start,
+        "the stuck life of rank 1 still ran when the next one started: {lines:?}"
+    );
+    c.finish().await;
+}
+
+/// A call made after a proc's SIGKILL is known and before the new
+/// generation runs (the restarted members take 4 s to start) fails at once
+/// for the lost members, with an error that says why, far below its
+/// timeout; once the mesh runs again, every member answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_during_a_restart_fails_at_once_with_a_clear_error() {
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    let c = Cluster::start_with(3, Cluster::config().call_timeout(TIMEOUT)).await;
+    let args = WorkerArgs {
+        restart_new_ms: 4000,
+        ..WorkerArgs::default()
+    };
+    let mesh = c.spawn_args("w", 2, &args, SpawnOptions::new()).await;
+    let mut failures = mesh.failures();
+    let victim = c.pid_of(&mesh, 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(failure.ranks, vec![Rank(2), Rank(3)], "{failure}");
+    mesh.wait_status(DEADLINE, |s| *s == MeshStatus::Restarting)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let vm = mesh.call(&Selection::All, &Op::Whoami).await.unwrap();
+    let took = t.elapsed();
+    println!(
+        "a call during the restart returned in {took:?}: {:?}",
+        vm.failed()
+    );
+    assert_eq!(
+        mesh.status(),
+        MeshStatus::Restarting,
+        "the call returned within the restart"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "the call took {took:?} (its timeout is {TIMEOUT:?})"
+    );
+    let failed: Vec<u32> = vm.failed().iter().map(|(r, _)| r.0).collect();
+    assert!(
+        failed.contains(&2) && failed.contains(&3),
+        "the lost members failed: {:?}",
+        vm.failed()
+    );
+    for (rank, e) in vm.failed() {
+        assert!(
+            matches!(e, regent_mesh::MemberError::NotRunning(m) if !m.is_empty()),
+            "rank {}: {e:?}",
+            rank.0
+        );
+    }
+    assert_eq!(vm.len() + vm.failed().len(), 6);
+    running_at(&mesh, 1).await;
+    assert_eq!(whoami(&mesh).await.len(), 6);
+    c.finish().await;
+}
+
+/// The controller's endpoint settings reach its procs through their boot:
+/// with a frame limit of 4 MiB, a 2 MiB message goes down a cast tree of
+/// real procs (proc to proc too) and 2 MiB replies come back (split into
+/// parts); a message over the limit is refused at once, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controllers_frame_limit_reaches_its_procs() {
+    const MAX: usize = 4 << 20;
+    const BIG: usize = 2 << 20;
+    let config = Cluster::config()
+        .endpoint(EndpointConfig {
+            max_frame_bytes: MAX,
+            ..EndpointConfig::default()
+        })
+        .fanout(std::num::NonZeroU32::new(2).unwrap());
+    assert!(BIG > EndpointConfig::default().max_frame_bytes);
+    let c = Cluster::start_with(3, config).await;
+    let mesh = c.spawn("w", 2, SpawnOptions::new()).await;
+    let vm = mesh
+        .call(&Selection::All, &Op::Echo(vec![7; BIG]))
+        .await
+        .unwrap();
+    let values = vm.into_result().unwrap();
+    assert_eq!(values.len(), 6);
+    assert!(values.iter().all(|(_, r)| *r == Reply::Count(BIG as u64)));
+    let vm = mesh
+        .call(&Selection::All, &Op::Blob(BIG as u32))
+        .await
+        .unwrap();
+    let values = vm.into_result().unwrap();
+    assert_eq!(values.len(), 6);
+    for (rank, reply) in &values {
+        assert_eq!(
+            *reply,
+            Reply::Bytes(vec![rank.0 as u8; BIG]),
+            "rank {}",
+            rank.0
+        );
+    }
+    let t = Instant::now();
+    let err = mesh
+        .cast(&Selection::All, &Op::Echo(vec![7; MAX + 1]))
+        .await
+        .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(
+        matches!(err, regent_mesh::MeshError::TooLarge { max_frame_bytes, .. } if max_frame_bytes == MAX),
+        "{err}"
+    );
+    assert!(err.to_string().contains("max_frame_bytes"), "{err}");
+    // The mesh is unharmed.
+    assert_eq!(whoami(&mesh).await.len(), 6);
+    c.finish().await;
+}
+
+/// `bootstrap()` under `#[tokio::main]`: the binary is its own proc (the
+/// local allocator starts it again as one, inside its async runtime), and
+/// its mesh works end to end.
+#[test]
+fn bootstrap_works_under_tokio_main() {
+    let guard = KillOnDrop::default();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_mesh_tokio_main"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let controller = child.id();
+    guard.watch([controller]);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("OK "))
+        .unwrap_or_else(|| panic!("no OK line: {stdout}\n{stderr}"));
+    let (replies, pids) = line.split_once(' ').unwrap();
+    assert_eq!(replies, "4", "{line}");
+    let pids: Vec<u32> = pids.split(',').map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "two proc processes: {line}");
+    assert!(!pids.contains(&controller), "members ran in procs: {line}");
+    guard.watch(pids.iter().copied());
+    assert!(wait_gone(&pids, DEADLINE).is_empty(), "procs outlived it");
 }
 
 /// Starts `mesh_controller` and reads the pids of the procs it started.

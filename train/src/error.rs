@@ -67,4 +67,22 @@ pub enum Error {
     /// or has too many distinct characters.
     #[error("corpus: {0}")]
     Corpus(String),
+    /// The tensor layer (collectives, checkpoints) failed.
+    #[error(transparent)]
+    Tensor(#[from] regent_tensor::Error),
+    /// The mesh runtime failed (spawning, calling, supervising members).
+    #[error(transparent)]
+    Mesh(#[from] regent_mesh::MeshError),
+    /// A checkpoint directory or run directory could not be used.
+    #[error("run directory {path}: {message}")]
+    RunDir {
+        /// The directory or file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The job could not go on (its mesh stopped, a step could not complete
+    /// within its retries).
+    #[error("the job stopped: {0}")]
+    Job(String),
 }

@@ -22,6 +22,7 @@ mod corpus;
 mod data;
 mod error;
 mod gpt;
+pub mod job;
 mod layout;
 mod mlp;
 mod model;

@@ -21,7 +21,7 @@ use crate::Error;
 use crate::layout::Layout;
 
 /// Updates parameters from their gradients.
-pub trait Optimizer {
+pub trait Optimizer: Send {
     /// One update of every parameter, in place: `grads` holds one gradient
     /// per parameter of the layout the optimizer was built for, in layout
     /// order (an undefined tensor counts as a zero gradient).

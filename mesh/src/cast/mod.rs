@@ -105,9 +105,19 @@ impl Caster {
             call: u64::MAX,
         });
         let name = info.name.clone();
-        // Waiting for room in the queue is inside the budget too.
+        // The hand-over is the cast's place in the order, so it must not
+        // yield to tokio's cooperative budget: a budget-exhausted send
+        // returns `Pending` without queueing, and when many casts are polled
+        // together (`join_all`) a later one would take its place. Unbudgeted,
+        // the send queues at once (or waits in the channel's FIFO queue when
+        // it is full). Waiting for room is inside the budget too.
         let budget = Duration::from_millis(u64::from(frame.budget_ms));
-        match tokio::time::timeout(budget, self.jobs.send(Job { info, frame, done })).await {
+        let handed = tokio::task::unconstrained(tokio::time::timeout(
+            budget,
+            self.jobs.send(Job { info, frame, done }),
+        ))
+        .await;
+        match handed {
             Ok(Ok(())) => {}
             Ok(Err(_)) => return Err(MeshError::Stopped(name)),
             Err(_) => {

@@ -139,11 +139,15 @@ pub(crate) async fn dispatch(
         let mut child = frame.clone();
         child.procs = (chunk.start, chunk.end);
         child.budget_ms = child_budget;
+        let Some(head_proc) = info.procs.get(chunk.start as usize).map(|a| a.proc.clone()) else {
+            continue; // validated frames keep chunks inside the mesh
+        };
         let call = replies.then(|| {
             pending.register(Waiter::Child {
                 results: tx.clone(),
                 index: d.children.len(),
                 head: (frame.mesh, chunk.start),
+                from: head_proc,
             })
         });
         child.reply = call.map(|call| ReplyTo {

@@ -104,6 +104,27 @@ pub(crate) struct KnownMesh {
     pub(crate) state: watch::Sender<PeerState>,
     pub(crate) status: watch::Sender<MeshStatus>,
     pub(crate) failures: tokio::sync::broadcast::Sender<MeshFailure>,
+    /// When each rank's current life began, as this proc learned it.
+    lives: Mutex<Lives>,
+}
+
+/// The generation each rank's current life began in: `base` (the last gang
+/// restart this proc learned of), or a later restart of the rank alone.
+/// Holds at most one entry per rank of the mesh.
+#[derive(Default)]
+struct Lives {
+    base: Generation,
+    restarted: HashMap<u32, Generation>,
+}
+
+impl Lives {
+    fn began(&self, rank: Rank) -> Generation {
+        self.restarted
+            .get(&rank.0)
+            .copied()
+            .unwrap_or(self.base)
+            .max(self.base)
+    }
 }
 
 impl KnownMesh {
@@ -117,7 +138,26 @@ impl KnownMesh {
             state: watch::channel(state).0,
             status: watch::channel(MeshStatus::Running).0,
             failures: tokio::sync::broadcast::channel(KNOWN_FAILURES).0,
+            lives: Mutex::new(Lives::default()),
         })
+    }
+
+    /// Ranks were restarted (every rank for a gang restart): their lives
+    /// begin in the restart's generation.
+    pub(crate) fn restarted(&self, restart: &Restart) {
+        let members = self.info().members();
+        let mut lives = self.lives.lock().expect("lives lock");
+        if restart.ranks.len() as u64 >= u64::from(members) {
+            lives.base = lives.base.max(restart.generation);
+            lives.restarted.clear();
+            return;
+        }
+        for &rank in &restart.ranks {
+            if rank < members {
+                let began = lives.restarted.entry(rank).or_insert(restart.generation);
+                *began = (*began).max(restart.generation);
+            }
+        }
     }
 
     pub(crate) fn info(&self) -> Arc<MeshInfo> {
@@ -142,25 +182,32 @@ impl KnownMesh {
         self.status.send_replace(MeshStatus::Stopped(None));
     }
 
-    /// Ranks failed (reported by the owner before restarting them).
+    /// Ranks failed (reported by the owner before restarting them). A
+    /// report about lives a restart already replaced is stale and changes
+    /// nothing: the owner's report may arrive after the restart's own
+    /// command, and a survivor's life may be older than the mesh's
+    /// generation (its failure still counts).
     pub(crate) fn failed(&self, failure: &MeshFailure) {
+        let current: Vec<Rank> = {
+            let lives = self.lives.lock().expect("lives lock");
+            failure
+                .ranks
+                .iter()
+                .copied()
+                .filter(|&r| lives.began(r) <= failure.generation)
+                .collect()
+        };
+        if current.is_empty() {
+            tracing::debug!(%failure, "a stale failure report ignored");
+            return;
+        }
         let _ = self.failures.send(failure.clone());
-        // A report about lives older than the current generation (they were
-        // replaced already) changes nothing.
-        let mut current = false;
-        self.state.send_if_modified(|s| {
-            if failure.generation < s.generation {
-                return false;
-            }
-            current = true;
-            s.failed.extend(failure.ranks.iter().copied());
+        self.state.send_modify(|s| {
+            s.failed.extend(current);
             s.failed.sort_unstable();
             s.failed.dedup();
-            true
         });
-        if current {
-            self.status.send_replace(MeshStatus::Restarting);
-        }
+        self.status.send_replace(MeshStatus::Restarting);
     }
 }
 
@@ -323,3 +370,6 @@ impl Member {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

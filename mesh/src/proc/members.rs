@@ -103,14 +103,10 @@ pub(super) struct Hosted {
     pub(super) proc_rank: u32,
     shared: Arc<Shared>,
     ops: mpsc::UnboundedSender<MeshOp>,
+    /// The dispatcher's queue. The dispatcher is not aborted when the mesh
+    /// goes: it answers the casts still queued (their members are gone) and
+    /// ends, so that no caller waits for them until its deadline.
     casts: mpsc::Sender<CastFrame>,
-    dispatcher: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Hosted {
-    fn drop(&mut self) {
-        self.dispatcher.abort();
-    }
 }
 
 /// Starts the worker and dispatcher of a newly hosted mesh.
@@ -136,14 +132,13 @@ pub(super) fn start_worker(
     let (ops, ops_rx) = mpsc::unbounded_channel();
     tokio::spawn(run_worker(shared.clone(), ops_rx));
     let (casts, casts_rx) = mpsc::channel(QUEUED_CASTS);
-    let dispatcher = tokio::spawn(run_dispatcher(shared.clone(), casts_rx));
+    tokio::spawn(run_dispatcher(shared.clone(), casts_rx));
     Hosted {
         known,
         proc_rank,
         shared,
         ops,
         casts,
-        dispatcher,
     }
 }
 
@@ -589,7 +584,10 @@ fn fail(shared: &Shared, frame: &CastFrame, why: &str) {
     let Some(reply_to) = &frame.reply else { return };
     let ranks = node::member_ranks(frame.per_proc, frame.procs.0..frame.procs.1);
     let failed = match frame.selection.bind(&frame.view, frame.seed) {
-        Ok(selected) => super::failed_in(&selected, ranks, why),
+        Ok(selected) => match super::failed_in(&selected, ranks, why) {
+            Some(failed) => failed,
+            None => return,
+        },
         Err(_) => Vec::new(),
     };
     reply(

@@ -37,8 +37,9 @@ pub(crate) const MEMBER_SHUTDOWN: Duration = Duration::from_secs(5);
 /// How long a killed member may take to end before the proc gives up on it
 /// (it is stuck in code that never yields) and exits.
 pub(crate) const KILL_WAIT: Duration = Duration::from_secs(1);
-/// The longest owner lease a proc takes (longer ones are cut to it).
-pub const MAX_OWNER_LEASE: Duration = Duration::from_secs(24 * 3600);
+/// The longest owner lease a proc takes (longer ones are cut to it; a boot
+/// carrying one does not decode).
+pub use crate::boot::MAX_OWNER_LEASE;
 /// How long members' own requests and casts wait by default.
 const MEMBER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -197,6 +198,9 @@ impl ProcRuntime {
                         self.fabric.learn(&info);
                         hosted.retire(&ranks, first);
                         hosted.known.update(info);
+                        if let Some(restart) = &start {
+                            hosted.known.restarted(restart);
+                        }
                         hosted.submit(MeshOp::Respawn {
                             call,
                             reply_to,
@@ -219,6 +223,9 @@ impl ProcRuntime {
                 }
                 self.fabric.learn(&info);
                 let known = KnownMesh::new(info.clone());
+                if let Some(restart) = &start {
+                    known.restarted(restart);
+                }
                 self.services
                     .known
                     .lock()
@@ -283,7 +290,9 @@ impl ProcRuntime {
                 // one are refused, and the replaced lives get nothing more.
                 hosted.retire(&ranks, first);
                 hosted.known.update(info);
-                // The members of this proc that were not respawned survived.
+                hosted.known.restarted(&restart);
+                // The members of this proc that survived are told, as on
+                // procs that only enroll in the new generation.
                 hosted.tell_survivors(&restart);
                 hosted.submit(MeshOp::Respawn {
                     call,
@@ -310,6 +319,7 @@ impl ProcRuntime {
                         self.fabric.learn(&info);
                         h.known.update(info);
                         if let Some(restart) = restart {
+                            h.known.restarted(&restart);
                             h.tell_survivors(&restart);
                         }
                         ReplyBody::Updated
@@ -326,12 +336,14 @@ impl ProcRuntime {
                     self.fabric.lost().insert(p);
                 }
                 if let Some(known) = self.known(mesh) {
-                    // Subtrees this proc waits on, headed by a lost proc,
-                    // end now rather than at their deadline.
+                    // Casts this proc's members (or this proc, as a node of
+                    // a tree) wait on through a lost proc end now, as the
+                    // owner's own do, not at their deadline.
                     let info = known.info();
+                    let why = failure.cause.to_string();
                     for p in &lost {
                         if let Some(rank) = info.proc_rank(p) {
-                            self.services.pending.lose_proc(mesh, rank, "proc lost");
+                            self.services.pending.lose_proc(mesh, rank, &why);
                         }
                     }
                     known.failed(&failure);
@@ -419,7 +431,10 @@ impl ProcRuntime {
         let Some(reply) = frame.reply else { return };
         let ranks = node::member_ranks(frame.per_proc, frame.procs.0..frame.procs.1);
         let failed = match frame.selection.bind(&frame.view, frame.seed) {
-            Ok(selected) => failed_in(&selected, ranks, why),
+            Ok(selected) => match failed_in(&selected, ranks, why) {
+                Some(failed) => failed,
+                None => return,
+            },
             Err(_) => Vec::new(),
         };
         self.reply(
@@ -447,16 +462,42 @@ impl ProcRuntime {
     }
 }
 
+/// The most ranks a proc walks when it answers for a subtree it cannot
+/// serve. The frame's range is then not checked against a mesh (the proc
+/// may not host it), and the limits allow 2^32 ranks: walking them all
+/// stalled the command loop for minutes.
+const MAX_WALKED_RANKS: usize = 1 << 16;
+
+/// The selected ranks of `ranks`, failed for `why`; only those within the
+/// view's span of ranks are walked. `None` when that span is wider than
+/// [`MAX_WALKED_RANKS`]: the subtree is then not answered for (a part would
+/// leave its other ranks unaccounted; without an answer the parent reports
+/// them all as timed out — and so many failures would not fit a reply).
 fn failed_in(
     selected: &Selected,
     ranks: std::ops::Range<u32>,
     why: &str,
-) -> Vec<(u32, MemberError)> {
-    ranks
-        .filter(|&r| selected.contains(Rank(r)))
-        .take(crate::protocol::MAX_PROCS as usize)
-        .map(|r| (r, MemberError::NotRunning(why.to_owned())))
-        .collect()
+) -> Option<Vec<(u32, MemberError)>> {
+    let layout = selected.shape().layout();
+    // Both fit a u32: a slice's ranks do (checked at construction).
+    let first = u32::try_from(layout.offset()).unwrap_or(u32::MAX);
+    let last = u32::try_from(layout.max_rank()).unwrap_or(u32::MAX);
+    let start = ranks.start.max(first);
+    let end = ranks.end.min(last.saturating_add(1)).max(start);
+    if (end - start) as usize > MAX_WALKED_RANKS {
+        tracing::warn!(
+            ranks = end - start,
+            max = MAX_WALKED_RANKS,
+            "a subtree too wide to answer for is not answered"
+        );
+        return None;
+    }
+    Some(
+        (start..end)
+            .filter(|&r| selected.contains(Rank(r)))
+            .map(|r| (r, MemberError::NotRunning(why.to_owned())))
+            .collect(),
+    )
 }
 
 /// The proc's well-known actor on `endpoint`.
@@ -494,8 +535,9 @@ where
         let pending = pending.clone();
         tokio::spawn(async move {
             while let Some(delivery) = replies.recv().await {
+                let sender = delivery.sender.proc.clone();
                 match delivery.decode::<ProcReply>() {
-                    Ok(r) => pending.resolve(r.call, r.body),
+                    Ok(r) => pending.resolve(r.call, r.body, &sender),
                     Err(e) => tracing::warn!(error = %e, "undecodable reply dropped"),
                 }
             }

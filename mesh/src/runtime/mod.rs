@@ -565,7 +565,7 @@ impl Runtime {
         }
         let after = self.inner.config.call_timeout;
         let deadline = tokio::time::Instant::now() + after;
-        let (call, answer) = self.inner.pending.request();
+        let (call, answer) = self.inner.pending.request(proc);
         let cmd = build(call);
         if let Err(message) = self.send_command(proc, cmd, deadline).await {
             self.inner.pending.forget(call);

@@ -16,8 +16,9 @@ use crate::protocol::{MemberExited, ProcReply, ReplyBody, SpawnChild};
 
 pub(super) async fn dispatch_replies(pending: Arc<Pending>, mut replies: regent_net::Inbox) {
     while let Some(delivery) = replies.recv().await {
+        let sender = delivery.sender.proc.clone();
         match delivery.decode::<ProcReply>() {
-            Ok(r) => pending.resolve(r.call, r.body),
+            Ok(r) => pending.resolve(r.call, r.body, &sender),
             Err(e) => tracing::warn!(error = %e, "undecodable reply dropped"),
         }
     }

@@ -300,8 +300,10 @@ impl Supervisor {
                         sources: sources.iter().map(|(a, b)| (a.0, b.0)).collect(),
                     };
                     let r = self.restart_members(&replace, restart).await;
-                    self.after_restart(r, ranks, generation, &mut actions).await;
+                    // Reports first: a restart that failed because a proc
+                    // was lost meanwhile is followed by one that replaces it.
                     actions.extend(self.take_reports().await);
+                    self.after_restart(r, ranks, generation, &mut actions).await;
                 }
                 MeshAction::RestartMesh {
                     replace,
@@ -321,8 +323,8 @@ impl Supervisor {
                         sources: Vec::new(),
                     };
                     let r = self.restart_mesh(&replace, restart).await;
-                    self.after_restart(r, all, generation, &mut actions).await;
                     actions.extend(self.take_reports().await);
+                    self.after_restart(r, all, generation, &mut actions).await;
                 }
                 MeshAction::Stop { failure } => {
                     self.stop_members().await;
@@ -681,12 +683,17 @@ impl Supervisor {
         let info_ref = &info;
         let restart_ref = &restart;
         // New procs get all their members; live procs respawn their failed
-        // ranks; every other proc enrolls in the new generation.
+        // ranks; every other proc enrolls in the new generation — first, so
+        // that a restarted member that reaches its heal source from `new`
+        // finds it in the new generation (sources are survivors: on procs
+        // that only enroll, or on the respawning proc itself, which is in
+        // the new generation from its command on), and survivors are told
+        // before the restarted members start.
         let spawns = fresh.iter().map(|&rank| {
             let proc = info_ref.procs[rank as usize].proc.clone();
             async move { spawn_on(rt, info_ref, rank, &proc, args, Some(restart_ref)).await }
         });
-        let mut updates = Vec::new();
+        let (mut enrolls, mut respawns) = (Vec::new(), Vec::new());
         for (rank, addr) in info.procs.iter().enumerate() {
             let rank = rank as u32;
             if fresh.contains(&rank) {
@@ -694,7 +701,8 @@ impl Supervisor {
             }
             let proc = addr.proc.clone();
             let respawn = by_proc.get(&rank).cloned();
-            updates.push(async move {
+            let respawns_here = respawn.is_some();
+            let command = async move {
                 let reply_to = rt.reply_port();
                 let body = rt
                     .request(
@@ -719,11 +727,21 @@ impl Supervisor {
                     )
                     .await?;
                 spawned(body, info_ref, &proc)
-            });
+            };
+            if respawns_here {
+                respawns.push(command);
+            } else {
+                enrolls.push(command);
+            }
         }
-        let (a, b) = futures::join!(join_all(spawns), join_all(updates));
+        let enrolled = join_all(enrolls).await;
+        let (a, b) = futures::join!(join_all(spawns), join_all(respawns));
         *self.shared.info.write().expect("mesh info lock") = Arc::new(info);
-        a.into_iter().chain(b).collect::<Result<Vec<()>, _>>()?;
+        enrolled
+            .into_iter()
+            .chain(a)
+            .chain(b)
+            .collect::<Result<Vec<()>, _>>()?;
         Ok(())
     }
 

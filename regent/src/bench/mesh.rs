@@ -12,6 +12,17 @@
 //! - `controller_frames_<P>_procs`: messages the controller sends per cast,
 //!   as the number of procs grows, averaged over its casts (no baseline:
 //!   the claim is that it stays at most the fan-out).
+//! - `peer_call_rtt`: a member's call to a peer in another proc through
+//!   its own mesh reference (`Member::peers`), timed in the member, against
+//!   the controller's call to the same peer (`controller_call_rtt`); rounds
+//!   interleave the two.
+//! - `peer_read_64mib_shm`: a member reading a peer's 64 MiB buffer (in
+//!   another proc of the host) one-sidedly through shm, into a registered
+//!   buffer, against a single-thread memcpy of 64 MiB between two populated
+//!   buffers in the reader's proc (`memcpy_64mib`), interleaved.
+//! - `control_rtt_core_blocked`: the controller's call to a member whose
+//!   neighbour in the same proc spins on its core in a handler, against the
+//!   same call while nobody spins (`control_rtt_idle`), interleaved.
 //! - `sim_*`: the in-memory simulation (no sockets) of casts to 10,000 and
 //!   100,000 members: the tree depth measured from the hops the frames took
 //!   beside the formula's, the frames the controller and all nodes sent for
@@ -26,6 +37,9 @@ use regent_mesh::{
     ActorError, ActorMesh, Member, MeshActor, ProcMesh, Rank, Runtime, RuntimeConfig, Selection,
     Shape,
 };
+
+use regent_rdma::{BackendKind, BackendPolicy, RemoteBuffer};
+use serde::{Deserialize, Serialize};
 
 use super::{BenchOptions, Figure, Report, median, micros};
 
@@ -54,6 +68,238 @@ impl MeshActor for Echo {
 }
 
 regent_mesh::register_actor!(Echo);
+
+/// The member benchmarks' actor (see the module docs).
+pub(crate) struct Bench {
+    shared: Vec<regent_rdma::LocalBuffer>,
+}
+
+/// What a [`Bench`] member is told.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum BenchOp {
+    /// Reply at once.
+    Echo(u64),
+    /// Call peer `to` `rounds` times (one at a time); reply with each round
+    /// trip in nanoseconds.
+    CallPeer { to: u32, rounds: u32 },
+    /// Register `len` bytes; reply with the handle.
+    Share(usize),
+    /// Read `handle` `rounds` times through shm, and memcpy as many times;
+    /// reply with both durations in nanoseconds.
+    ReadPeer { handle: RemoteBuffer, rounds: u32 },
+    /// Spin on this member's core (never yielding) for `ms`.
+    Spin(u64),
+}
+
+/// A [`Bench`] member's reply.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum BenchReply {
+    Ok,
+    Nanos(Vec<u64>),
+    Handle(RemoteBuffer),
+    Reads { read: Vec<u64>, memcpy: Vec<u64> },
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl MeshActor for Bench {
+    const NAME: &'static str = "regent-bench/member";
+    type Args = ();
+    type Msg = BenchOp;
+    type Reply = BenchReply;
+
+    async fn new(_: &Member, (): ()) -> Result<Self, ActorError> {
+        Ok(Self { shared: Vec::new() })
+    }
+
+    async fn handle(&mut self, member: &Member, op: BenchOp) -> Result<BenchReply, ActorError> {
+        Ok(match op {
+            BenchOp::Echo(_) => BenchReply::Ok,
+            BenchOp::CallPeer { to, rounds } => {
+                let peers = member.peers::<Bench>()?;
+                let mut out = Vec::with_capacity(rounds as usize);
+                for i in 0..rounds {
+                    let t = Instant::now();
+                    peers
+                        .call_one(Rank(to), &BenchOp::Echo(u64::from(i)))
+                        .await?;
+                    out.push(nanos(t.elapsed()));
+                }
+                BenchReply::Nanos(out)
+            }
+            BenchOp::Share(len) => {
+                let mut memory = regent_rdma::Memory::allocate(len)?;
+                memory
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, b)| *b = i as u8);
+                // Peers only read it.
+                let buffer = member
+                    .buffers()?
+                    .register_with(memory, regent_rdma::Access::ReadOnly)?;
+                let handle = buffer.handle().clone();
+                self.shared.push(buffer);
+                BenchReply::Handle(handle)
+            }
+            BenchOp::ReadPeer { handle, rounds } => {
+                let buffers = member.buffers()?;
+                buffers.set_backend_policy(BackendPolicy::Only(BackendKind::Shm));
+                let len = handle.len_bytes() as usize;
+                // A registered buffer of this proc's own (no peer touches it).
+                let mut local = buffers.register_with(
+                    regent_rdma::Memory::allocate(len)?,
+                    regent_rdma::Access::Local,
+                )?;
+                let local = local.as_mut_slice()?;
+                let mut src = regent_rdma::Memory::allocate(len)?;
+                src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+                local.fill(1);
+                // Warm up: map the peer's segment.
+                buffers.read_into(&handle, 0, local).await?;
+                let (mut read, mut memcpy) = (Vec::new(), Vec::new());
+                for _ in 0..rounds {
+                    let t = Instant::now();
+                    local.copy_from_slice(&src);
+                    memcpy.push(nanos(t.elapsed()));
+                    std::hint::black_box(&local[..]);
+                    let t = Instant::now();
+                    buffers.read_into(&handle, 0, local).await?;
+                    read.push(nanos(t.elapsed()));
+                }
+                buffers.set_backend_policy(BackendPolicy::Auto);
+                if local[len - 1] != (len - 1) as u8 {
+                    return Err("the read brought other bytes than the peer shared".into());
+                }
+                BenchReply::Reads { read, memcpy }
+            }
+            BenchOp::Spin(ms) => {
+                let t = Instant::now();
+                let mut x = 0u64;
+                while t.elapsed() < Duration::from_millis(ms) {
+                    x = std::hint::black_box(
+                        x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1),
+                    );
+                }
+                BenchReply::Ok
+            }
+        })
+    }
+}
+
+regent_mesh::register_actor!(Bench);
+
+fn durations(ns: Vec<u64>) -> Vec<Duration> {
+    ns.into_iter().map(Duration::from_nanos).collect()
+}
+
+/// `peer_call_rtt` against `controller_call_rtt`: rank 0 (proc 0) and the
+/// controller each call rank 1 (proc 1), in interleaved rounds.
+async fn peer_call(report: &mut Report, pm: &ProcMesh, rounds: u32) -> anyhow::Result<()> {
+    let mesh: ActorMesh<Bench> = pm.spawn("bench", 1, &()).await?;
+    let per_round = 50;
+    let (mut peer, mut controller) = (Vec::new(), Vec::new());
+    // The first round warms both paths up and is not counted.
+    for round in 0..=rounds {
+        let mut c = Vec::with_capacity(per_round as usize);
+        for i in 0..per_round {
+            let t = Instant::now();
+            mesh.call_one(Rank(1), &BenchOp::Echo(u64::from(i))).await?;
+            c.push(t.elapsed());
+        }
+        let BenchReply::Nanos(p) = mesh
+            .call_one(
+                Rank(0),
+                &BenchOp::CallPeer {
+                    to: 1,
+                    rounds: per_round,
+                },
+            )
+            .await?
+        else {
+            anyhow::bail!("the member did not time its calls");
+        };
+        if round > 0 {
+            controller.extend(c);
+            peer.extend(durations(p));
+        }
+    }
+    mesh.stop().await?;
+    let n = peer.len();
+    report.push(
+        Figure::new(SUITE, "peer_call_rtt", micros(median(&mut peer)), "us")
+            .samples(n)
+            .against("controller_call_rtt", micros(median(&mut controller)), "us"),
+    );
+    Ok(())
+}
+
+/// `peer_read_64mib_shm` against `memcpy_64mib`, in the reader's proc.
+async fn peer_read(report: &mut Report, pm: &ProcMesh, rounds: u32) -> anyhow::Result<()> {
+    const BYTES: usize = 64 << 20;
+    let mesh: ActorMesh<Bench> = pm.spawn("bench", 1, &()).await?;
+    let BenchReply::Handle(handle) = mesh.call_one(Rank(0), &BenchOp::Share(BYTES)).await? else {
+        anyhow::bail!("no handle");
+    };
+    let read = BenchOp::ReadPeer { handle, rounds };
+    let BenchReply::Reads { read, memcpy } = mesh.call_one(Rank(1), &read).await? else {
+        anyhow::bail!("the member did not time its reads");
+    };
+    mesh.stop().await?;
+    let rate =
+        |ns: Vec<u64>| BYTES as f64 / median(&mut durations(ns)).as_secs_f64().max(1e-9) / 1e9;
+    let n = read.len();
+    report.push(
+        Figure::new(SUITE, "peer_read_64mib_shm", rate(read), "GB/s")
+            .samples(n)
+            .against("memcpy_64mib", rate(memcpy), "GB/s"),
+    );
+    Ok(())
+}
+
+/// `control_rtt_core_blocked` against `control_rtt_idle`: calls to rank 1
+/// while rank 0, in the same proc, spins (or not), in interleaved rounds.
+async fn blocked_core(report: &mut Report, pm: &ProcMesh, rounds: u32) -> anyhow::Result<()> {
+    let mesh: ActorMesh<Bench> = pm.spawn("bench", 2, &()).await?;
+    let spin_ms = 1000;
+    let (mut idle, mut blocked) = (Vec::new(), Vec::new());
+    for i in 0..200 {
+        mesh.call_one(Rank(1), &BenchOp::Echo(i)).await?;
+    }
+    for _ in 0..rounds {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(spin_ms / 2) {
+            let c = Instant::now();
+            mesh.call_one(Rank(1), &BenchOp::Echo(0)).await?;
+            idle.push(c.elapsed());
+        }
+        let spinner = mesh.clone();
+        let spin =
+            tokio::spawn(async move { spinner.call_one(Rank(0), &BenchOp::Spin(spin_ms)).await });
+        // Let the spin begin (its call reaches the member first).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        while !spin.is_finished() {
+            let c = Instant::now();
+            mesh.call_one(Rank(1), &BenchOp::Echo(0)).await?;
+            blocked.push(c.elapsed());
+        }
+        spin.await??;
+    }
+    mesh.stop().await?;
+    let n = blocked.len();
+    report.push(
+        Figure::new(
+            SUITE,
+            "control_rtt_core_blocked",
+            micros(median(&mut blocked)),
+            "us",
+        )
+        .samples(n)
+        .against("control_rtt_idle", micros(median(&mut idle)), "us"),
+    );
+    Ok(())
+}
 
 /// A runtime with a local allocator running this binary as procs.
 pub(crate) async fn cluster(
@@ -263,6 +509,13 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         .await?;
         pm.stop(Duration::from_secs(2)).await?;
     }
+    // The member figures, on two procs.
+    let pm = procs(&rt, &alloc, 2).await?;
+    let member_rounds = if opts.quick { 5 } else { 40 };
+    peer_call(report, &pm, member_rounds).await?;
+    peer_read(report, &pm, if opts.quick { 10 } else { 50 }).await?;
+    blocked_core(report, &pm, if opts.quick { 3 } else { 10 }).await?;
+    pm.stop(Duration::from_secs(2)).await?;
     drop(rt);
     cold_spawn(report, if opts.quick { 3 } else { 10 }).await?;
     controller_frames(report, if opts.quick { &[1, 4] } else { &[1, 4, 16] }).await?;

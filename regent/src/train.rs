@@ -1,0 +1,213 @@
+//! `regent train`: a supervised data-parallel training job on procs of this
+//! binary (the local allocator), with faults injected on a seeded schedule,
+//! a progress bar, and a report at the end; `--verify` also computes the
+//! fault-free result and compares the final weights bit for bit.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use regent_mesh::Decision;
+use std::sync::Arc;
+
+use regent_train::job::run::{FaultKind, FaultPlan, Isolate, reference};
+use regent_train::job::{JobCluster, JobConfig, JobEvent, JobSpec, ModelSpec, OptimSpec, run_job};
+
+/// What `regent train` was asked.
+#[derive(Debug, Clone)]
+pub(crate) struct TrainOptions {
+    pub(crate) procs: u32,
+    pub(crate) model: String,
+    pub(crate) data: Option<PathBuf>,
+    pub(crate) steps: u64,
+    pub(crate) checkpoint_every: u64,
+    pub(crate) run_dir: PathBuf,
+    pub(crate) chaos: Option<String>,
+    pub(crate) verify: bool,
+    pub(crate) policy: String,
+    pub(crate) seed: u64,
+    pub(crate) step_timeout: Duration,
+}
+
+/// Parses `--chaos`: `KIND[,KIND...][:EVERY]` (kinds `kill`, `pause`,
+/// `partition`; `EVERY` like `15s`, `500ms`; default 15 s).
+pub(crate) fn parse_chaos(text: &str, seed: u64, until_step: u64) -> Result<FaultPlan, String> {
+    let (kinds, every) = match text.split_once(':') {
+        Some((k, e)) => (k, crate::chaos::parse_duration(e)?),
+        None => (text, Duration::from_secs(15)),
+    };
+    if every < Duration::from_millis(100) {
+        return Err(format!("faults every {every:?}: at least 100 ms apart"));
+    }
+    let kinds = kinds
+        .split(',')
+        .map(|k| match k.trim() {
+            "kill" => Ok(FaultKind::Kill),
+            "pause" => Ok(FaultKind::Pause),
+            "partition" => Ok(FaultKind::Partition),
+            other => Err(format!(
+                "unknown fault kind {other:?} (kill, pause, partition)"
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(FaultPlan {
+        every,
+        kinds,
+        pause: Duration::from_millis(2500),
+        seed,
+        until_step,
+    })
+}
+
+fn spec(opts: &TrainOptions) -> anyhow::Result<JobSpec> {
+    let (model, optimizer) = match opts.model.as_str() {
+        "mlp" => (
+            ModelSpec::mlp(),
+            OptimSpec::Sgd {
+                lr: 0.05,
+                momentum: 0.9,
+            },
+        ),
+        "gpt" => (
+            ModelSpec::gpt(opts.data.clone()),
+            OptimSpec::AdamW {
+                lr: 3e-3,
+                weight_decay: 0.01,
+            },
+        ),
+        other => anyhow::bail!("unknown model {other:?} (mlp, gpt)"),
+    };
+    Ok(JobSpec {
+        model,
+        optimizer,
+        seed: opts.seed,
+        world: opts.procs,
+    })
+}
+
+/// Runs the job; returns whether `--verify` (if asked) found the weights
+/// equal.
+pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
+    let spec = spec(&opts)?;
+    let mut config = JobConfig::new(spec.clone(), opts.steps, opts.run_dir.clone());
+    config.checkpoint_every = opts.checkpoint_every;
+    config.step_timeout = opts.step_timeout;
+    config.on_failure = match opts.policy.as_str() {
+        "member" => Decision::RestartMember,
+        "mesh" => Decision::RestartMesh,
+        other => anyhow::bail!("unknown policy {other:?} (member, mesh)"),
+    };
+    // Faults stop a few steps before the end, so the run ends.
+    let until = opts.steps.saturating_sub(opts.steps / 10);
+    config.faults = opts
+        .chaos
+        .as_deref()
+        .map(|c| parse_chaos(c, opts.seed, until))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    println!(
+        "regent train: {} on {} procs, {} steps, checkpoints every {} in {}, faults: {}",
+        spec.model.name(),
+        opts.procs,
+        opts.steps,
+        opts.checkpoint_every,
+        opts.run_dir.display(),
+        opts.chaos.as_deref().unwrap_or("none")
+    );
+    let bar = indicatif::ProgressBar::new(opts.steps);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")?
+            .progress_chars("=> "),
+    );
+    let mut faults = 0;
+    let mut steps_seen: Vec<std::time::Instant> = Vec::new();
+    // Partitions need UDP proxies in front of every endpoint: the chaos
+    // crate's cluster; otherwise the plain local allocator.
+    let partitions = config
+        .faults
+        .as_ref()
+        .is_some_and(|f| f.kinds.contains(&FaultKind::Partition));
+    let mut chaos_cluster = None;
+    let cluster = if partitions {
+        let c = regent_chaos::ChaosCluster::start(
+            regent_chaos::ClusterConfig::default(),
+            regent_chaos::Seed(opts.seed),
+        )
+        .await?;
+        let network = c.network().clone();
+        let chaos_alloc = c.allocator().clone();
+        let isolate: Isolate = Arc::new(move |proc, cut| {
+            if let Some(node) = chaos_alloc.node_of(proc) {
+                network.update(|r| {
+                    if cut {
+                        r.isolated.insert(node);
+                    } else {
+                        r.isolated.remove(&node);
+                    }
+                });
+            }
+        });
+        let allocator: Arc<dyn regent_mesh::alloc::Allocator> = c.allocator().clone();
+        let cluster = JobCluster {
+            runtime: c.runtime().clone(),
+            allocator,
+            isolate: Some(isolate),
+        };
+        chaos_cluster = Some(c);
+        cluster
+    } else {
+        JobCluster::local(regent_mesh::RuntimeConfig::default()).await?
+    };
+    let report = run_job(config, cluster, |e| match e {
+        JobEvent::Started { step, parameters } => {
+            bar.set_position(step);
+            bar.println(format!(
+                "  {parameters} parameters; starting at step {step}"
+            ));
+        }
+        JobEvent::Step {
+            step,
+            loss,
+            generation,
+            ..
+        } => {
+            let now = std::time::Instant::now();
+            steps_seen.push(now);
+            steps_seen.retain(|t| now.duration_since(*t) < Duration::from_secs(5));
+            let rate = steps_seen.len() as f64 / 5.0;
+            bar.set_position(step);
+            bar.set_message(format!(
+                "loss {loss:.4}, {rate:.1} steps/s, generation {generation}, {faults} faults"
+            ));
+        }
+        JobEvent::Failure(_) => faults += 1,
+        JobEvent::Recovered { step, how } => bar.println(format!("  step {step}: {how}")),
+        JobEvent::Checkpoint { step, bytes } => bar.set_message(format!(
+            "checkpoint at step {step} ({:.1} MB)",
+            bytes as f64 / 1e6
+        )),
+    })
+    .await?;
+    bar.finish_and_clear();
+    if let Some(c) = chaos_cluster {
+        c.shutdown(Duration::from_secs(5)).await;
+    }
+    println!("{report}");
+    if !opts.verify {
+        return Ok(true);
+    }
+    let expected = tokio::task::spawn_blocking(move || reference(&spec, opts.steps, 1)).await??;
+    let got = report.state()?;
+    match expected.first_difference(&got)? {
+        None => {
+            println!(
+                "  verify: the final weights equal the fault-free reference's bit for bit ({} steps)",
+                opts.steps
+            );
+            Ok(true)
+        }
+        Some(d) => {
+            println!("  verify: the final weights DIFFER from the fault-free reference: {d:?}");
+            Ok(false)
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The member of a training job: one data-parallel replica.
+//!
+//! The controller drives it step by step (see [`super::run`]):
+//! - `Compute { step }`: this rank's gradients of step `step`, the
+//!   all-reduce over the mesh (exact: the sum in rank order, then divided by
+//!   the world), kept as pending; the answer is this rank's share of the
+//!   loss. A collective that fails (a peer died, paused, was cut off) is an
+//!   answer, not a failure of this member: nothing is pending then.
+//! - `Commit { step }` applies the pending mean (one optimizer step); the
+//!   controller sends it only when every rank computed, so every replica
+//!   takes the same step or none does (torchft's should-commit).
+//! - `Expose` puts the whole state in registered memory and answers its
+//!   handle; `Heal { from }` reads a peer's exposed state one-sidedly and
+//!   takes it (a restarted rank heals from a live peer, not from disk).
+//! - `Restore` takes the run directory's newest checkpoint (a gang restart,
+//!   or a new controller); `Checkpoint` writes one.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use regent_mesh::{ActorError, Member, MeshActor, Rank};
+use regent_rdma::{LocalBuffer, RemoteBuffer};
+use regent_tensor::{CollectiveConfig, Communicator, ReduceOp};
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use super::spec::{AnyReplica, JobSpec};
+use super::store;
+use crate::reduce::divide_by_world;
+use regent_tensor::transport::mesh::MeshTransport;
+
+/// The data channel the job's collectives use.
+const COLLECTIVE_TAG: u16 = 1;
+
+/// What a trainer is created from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainerArgs {
+    /// The job.
+    pub spec: JobSpec,
+    /// Where checkpoints live.
+    pub run_dir: PathBuf,
+    /// Intra-op threads of libtorch in each member (1 on 2-core machines).
+    pub threads: i32,
+    /// How long one collective may take before it fails (a backstop behind
+    /// the mesh's failure detection).
+    pub collective_timeout_ms: u64,
+}
+
+/// A message to a trainer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum TrainerMsg {
+    /// Where this replica stands.
+    Status,
+    /// Compute step `step`'s gradients and all-reduce them.
+    Compute {
+        /// The step.
+        step: u64,
+    },
+    /// Apply the pending mean of step `step`.
+    Commit {
+        /// The step.
+        step: u64,
+    },
+    /// Drop any pending mean.
+    Abort,
+    /// Expose the state for a peer to heal from.
+    Expose,
+    /// Take a peer's exposed state.
+    Heal {
+        /// Its handle.
+        from: RemoteBuffer,
+        /// Its length in bytes.
+        len: u64,
+    },
+    /// Take the run directory's newest checkpoint (or the initial state
+    /// when there is none).
+    Restore,
+    /// Write a checkpoint of the current state.
+    Checkpoint,
+    /// Write the final state to the run directory's `final.safetensors`
+    /// (for the controller to compare runs, and for the user).
+    Final,
+}
+
+/// A trainer's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum TrainerReply {
+    /// Where the replica stands.
+    Status {
+        /// Steps applied.
+        step: u64,
+        /// The step whose mean is pending, if any.
+        pending: Option<u64>,
+        /// Whether this life has not taken any state since it started (a
+        /// restarted member that still needs to heal or restore).
+        fresh: bool,
+    },
+    /// Step computed: this rank's share of the global mean loss.
+    Computed {
+        /// The step.
+        step: u64,
+        /// Its share of the loss.
+        loss: f64,
+        /// Time in forward and backward, and in the all-reduce.
+        compute_ms: f64,
+        /// Time in the all-reduce.
+        reduce_ms: f64,
+    },
+    /// The collective failed (a peer is gone); nothing is pending.
+    Broken(String),
+    /// The replica's step now.
+    Step(u64),
+    /// The state is exposed.
+    Exposed {
+        /// Its handle.
+        buffer: RemoteBuffer,
+        /// Its length.
+        len: u64,
+        /// Its step.
+        step: u64,
+    },
+    /// A checkpoint was written.
+    Checkpointed {
+        /// Its step.
+        step: u64,
+        /// Its size.
+        bytes: u64,
+        /// How long it took.
+        ms: f64,
+    },
+    /// The final state was written.
+    Final {
+        /// Its step.
+        step: u64,
+        /// Where.
+        path: PathBuf,
+    },
+}
+
+/// One data-parallel replica (see the module docs).
+pub struct Trainer {
+    replica: AnyReplica,
+    args: TrainerArgs,
+    world: usize,
+    /// The communicator of the current generation.
+    comm: Option<(regent_net::Generation, Communicator<MeshTransport>)>,
+    pending: Option<(u64, Vec<f32>)>,
+    grads: Vec<f32>,
+    /// The exposed state, kept registered until replaced.
+    exposed: Option<LocalBuffer>,
+    fresh: bool,
+}
+
+impl Trainer {
+    async fn communicator(
+        &mut self,
+        member: &Member,
+    ) -> Result<&mut Communicator<MeshTransport>, String> {
+        let generation = member.generation();
+        if self
+            .comm
+            .as_ref()
+            .is_none_or(|(g, c)| *g != generation || c.broken().is_some())
+        {
+            // The old one (and its channel's port) goes before the new one
+            // opens.
+            self.comm = None;
+            let group: Vec<Rank> = (0..self.world as u32).map(Rank).collect();
+            let transport =
+                MeshTransport::new(member, group, COLLECTIVE_TAG).map_err(|e| e.to_string())?;
+            let config = CollectiveConfig::default().timeout(std::time::Duration::from_millis(
+                self.args.collective_timeout_ms,
+            ));
+            let comm = Communicator::new(transport, config)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.comm = Some((generation, comm));
+        }
+        Ok(&mut self.comm.as_mut().expect("set above").1)
+    }
+
+    async fn compute(&mut self, member: &Member, step: u64) -> Result<TrainerReply, ActorError> {
+        self.pending = None;
+        if self.replica.step() != step {
+            return Ok(TrainerReply::Broken(format!(
+                "rank {} is at step {}, not {step}",
+                member.rank().0,
+                self.replica.step()
+            )));
+        }
+        let t = Instant::now();
+        let rank = member.rank().0 as usize;
+        let loss = self
+            .replica
+            .rank_gradients(rank, self.world, &mut self.grads)?;
+        let share = loss * crate::loss_scale(self.replica.global_batch(), rank, self.world)?
+            / self.world as f64;
+        let reduce_start = Instant::now();
+        let mut sum = Tensor::from_slice(&self.grads);
+        let reduced = match self.communicator(member).await {
+            Ok(comm) => comm
+                .all_reduce_tensor(&mut sum, ReduceOp::Sum)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = reduced {
+            self.comm = None;
+            return Ok(TrainerReply::Broken(e));
+        }
+        let reduce_ms = reduce_start.elapsed().as_secs_f64() * 1e3;
+        let mut mean = Vec::<f32>::try_from(&sum)?;
+        divide_by_world(&mut mean, self.world)?;
+        self.pending = Some((step, mean));
+        Ok(TrainerReply::Computed {
+            step,
+            loss: share,
+            compute_ms: t.elapsed().as_secs_f64() * 1e3,
+            reduce_ms,
+        })
+    }
+
+    fn taken(&mut self, state: &crate::TrainState) -> Result<(), ActorError> {
+        self.replica.restore(state)?;
+        self.pending = None;
+        self.fresh = false;
+        Ok(())
+    }
+}
+
+impl MeshActor for Trainer {
+    const NAME: &'static str = "regent-train/trainer";
+    type Args = TrainerArgs;
+    type Msg = TrainerMsg;
+    type Reply = TrainerReply;
+
+    async fn new(member: &Member, args: TrainerArgs) -> Result<Self, ActorError> {
+        tch::set_num_threads(args.threads.max(1));
+        tch::set_num_interop_threads(1);
+        let replica = args.spec.build()?;
+        let world = member.size() as usize;
+        if world != args.spec.world as usize {
+            return Err(
+                format!("the mesh has {world} members, the job {}", args.spec.world).into(),
+            );
+        }
+        let grads = vec![0.0; replica.gradient_len()];
+        // A first start begins at the initial state; a restarted life takes
+        // a peer's state or a checkpoint when the controller says which.
+        let fresh = member.start().is_restart();
+        Ok(Self {
+            replica,
+            args,
+            world,
+            comm: None,
+            pending: None,
+            grads,
+            exposed: None,
+            fresh,
+        })
+    }
+
+    async fn handle(
+        &mut self,
+        member: &Member,
+        msg: TrainerMsg,
+    ) -> Result<TrainerReply, ActorError> {
+        Ok(match msg {
+            TrainerMsg::Status => TrainerReply::Status {
+                step: self.replica.step(),
+                pending: self.pending.as_ref().map(|(s, _)| *s),
+                fresh: self.fresh,
+            },
+            TrainerMsg::Compute { step } => self.compute(member, step).await?,
+            TrainerMsg::Commit { step } => {
+                match self.pending.take() {
+                    Some((s, mean)) if s == step => self.replica.apply_mean(&mean)?,
+                    Some(other) => self.pending = Some(other),
+                    None => {}
+                }
+                TrainerReply::Step(self.replica.step())
+            }
+            TrainerMsg::Abort => {
+                self.pending = None;
+                TrainerReply::Step(self.replica.step())
+            }
+            TrainerMsg::Expose => {
+                let bytes = store::to_bytes(&self.replica.state()?)?;
+                let buffers = member.buffers()?;
+                self.exposed = None;
+                let memory = regent_rdma::Memory::allocate(bytes.len().max(1))?;
+                let mut buffer = buffers.register_with(memory, regent_rdma::Access::Local)?;
+                buffer.as_mut_slice()?[..bytes.len()].copy_from_slice(&bytes);
+                // Peers read it; nobody writes it.
+                buffer.set_access(regent_rdma::Access::ReadOnly).await?;
+                let reply = TrainerReply::Exposed {
+                    buffer: buffer.handle().clone(),
+                    len: bytes.len() as u64,
+                    step: self.replica.step(),
+                };
+                self.exposed = Some(buffer);
+                reply
+            }
+            TrainerMsg::Heal { from, len } => {
+                let mut bytes = vec![0u8; len as usize];
+                member.buffers()?.read_into(&from, 0, &mut bytes).await?;
+                let state = store::from_bytes(&bytes)?;
+                self.taken(&state)?;
+                TrainerReply::Step(self.replica.step())
+            }
+            TrainerMsg::Restore => {
+                match store::latest_checkpoint(&self.args.run_dir)? {
+                    Some((_, state)) => self.taken(&state)?,
+                    None => {
+                        let initial = self.args.spec.build()?.state()?;
+                        self.taken(&initial)?;
+                    }
+                }
+                TrainerReply::Step(self.replica.step())
+            }
+            TrainerMsg::Checkpoint => {
+                let t = Instant::now();
+                let state = self.replica.state()?;
+                let (_, bytes) = store::save_checkpoint(&self.args.run_dir, &state)?;
+                TrainerReply::Checkpointed {
+                    step: state.step,
+                    bytes,
+                    ms: t.elapsed().as_secs_f64() * 1e3,
+                }
+            }
+            TrainerMsg::Final => {
+                let state = self.replica.state()?;
+                let path = store::save_final(&self.args.run_dir, &state)?;
+                TrainerReply::Final {
+                    step: state.step,
+                    path,
+                }
+            }
+        })
+    }
+}
+
+regent_mesh::register_actor!(Trainer);
