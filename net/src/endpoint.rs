@@ -66,9 +66,23 @@ pub(crate) struct Inner {
     dropped_events: AtomicU64,
     next_pair_epoch: AtomicU64,
     pub(crate) shutdown: watch::Sender<bool>,
+    /// The runtime the endpoint was bound on, where all its tasks run. A
+    /// send may come from another runtime (a member's, which ends with the
+    /// member); what it starts (a link, a pair's stream) must not end with
+    /// it.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Inner {
+    /// Starts one of the endpoint's tasks on its own runtime.
+    pub(crate) fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.runtime.spawn(task)
+    }
+
     /// Reports an event; never waits. Events past the channel's capacity are
     /// counted and logged.
     pub(crate) fn emit(&self, event: TransportEvent) {
@@ -253,7 +267,9 @@ impl fmt::Debug for Endpoint {
 
 impl Endpoint {
     /// Binds a UDP socket at `addr` and starts the endpoint of the proc named
-    /// by `credentials`. Must be called within a tokio runtime.
+    /// by `credentials`. Must be called within a tokio runtime: the
+    /// endpoint's tasks (its links, and every pair's stream, whichever
+    /// runtime the send that opened it came from) run on it.
     pub fn bind(
         credentials: ProcCredentials,
         addr: SocketAddr,
@@ -327,9 +343,10 @@ impl Endpoint {
             dropped_events: AtomicU64::new(0),
             next_pair_epoch: AtomicU64::new(1),
             shutdown: watch::Sender::new(false),
+            runtime: tokio::runtime::Handle::current(),
         });
         tracing::info!(proc = %inner.proc, role = %inner.role, incarnation = %inner.incarnation, addr = %local_addr, "endpoint bound");
-        tokio::spawn(inbound::accept_loop(inner.clone()));
+        inner.spawn(inbound::accept_loop(inner.clone()));
         Ok(Self {
             _close: Arc::new(CloseOnDrop(inner.clone())),
             inner,

@@ -309,7 +309,10 @@ fn pair_for(inner: &Arc<Inner>, peer: &ProcId, key: PairKey) -> Result<Arc<Pair>
                     peer_role: Mutex::new(None),
                 });
                 sessions.insert(peer.clone(), session.clone());
-                tokio::spawn(drive_session(inner.clone(), session.clone(), addr));
+                // On the endpoint's runtime: the caller's may end first,
+                // and the session (and the connection it dials, whose
+                // driver quinn starts where it is dialed) must not.
+                inner.spawn(drive_session(inner.clone(), session.clone(), addr));
                 session
             }
         }
@@ -342,7 +345,7 @@ fn pair_for(inner: &Arc<Inner>, peer: &ProcId, key: PairKey) -> Result<Arc<Pair>
         wake: Notify::new(),
     });
     pairs.map.insert(key, pair.clone());
-    tokio::spawn(drive_pair(inner.clone(), session.clone(), pair.clone()));
+    inner.spawn(drive_pair(inner.clone(), session.clone(), pair.clone()));
     Ok(pair)
 }
 

@@ -660,3 +660,51 @@ fn config_durations_are_bounded() {
         .validate()
         .unwrap();
 }
+
+/// A proc's members run on runtimes of their own, which end with the
+/// member; the first send to a peer may come from one of them. The link it
+/// opens belongs to the endpoint: it outlives that runtime, and later sends
+/// to the peer, from anywhere, still arrive (they hung on a link whose
+/// tasks had died with the member's runtime, and the peer saw it go silent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_opened_from_a_runtime_that_ends_outlives_it() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let a = bind(&ca, "a", EndpointConfig::default());
+    let b = bind(&ca, "b", EndpointConfig::default());
+    a.add_route(b.addr());
+    let mut inbox = b
+        .open_port(pid("b").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    let mut events = b.take_events().unwrap();
+    let to = inbox.port().clone();
+    // The first send, from a runtime that ends right after.
+    let (a2, to2) = (a.clone(), to.clone());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let from = pid("a").actor("member", 0).unwrap();
+            a2.send(&from, &to2, Generation(0), Num(1)).await.unwrap();
+        });
+    })
+    .join()
+    .unwrap();
+    assert_eq!(recv(&mut inbox).await.decode::<Num>().unwrap(), Num(1));
+    // Longer than the failure timeout: a link without its tasks fails.
+    let silent = EndpointConfig::default().failure_timeout * 2;
+    tokio::time::sleep(silent).await;
+    let from = pid("a").actor("other", 0).unwrap();
+    timeout(DEADLINE, a.send(&from, &to, Generation(0), Num(2)))
+        .await
+        .expect("the send finished")
+        .unwrap();
+    assert_eq!(recv(&mut inbox).await.decode::<Num>().unwrap(), Num(2));
+    while let Ok(e) = events.try_recv() {
+        assert!(
+            !matches!(e, TransportEvent::LinkFailed { .. }),
+            "the link failed: {e:?}"
+        );
+    }
+}
