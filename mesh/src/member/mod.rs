@@ -305,10 +305,12 @@ impl Member {
 
     /// Failures of this mesh's members as the owner reports them to this
     /// proc (ranks, cause, and the generation of the failed lives), from
-    /// now on. Unlike [`Member::peer_state`], which keeps only the latest
-    /// state, every report is kept (the last 64 for a slow reader), so a
-    /// failure followed at once by the restart that repairs it is still
-    /// seen, with its cause.
+    /// now on; a report about lives a restart already replaced is left out
+    /// (the survivors' lives may be older than the mesh's generation).
+    /// Unlike [`Member::peer_state`], which keeps only the latest state,
+    /// every report is kept (the last 64 for a slow reader), so a failure
+    /// followed at once by the restart that repairs it is still seen, with
+    /// its cause.
     pub fn failures(&self) -> Result<tokio::sync::broadcast::Receiver<MeshFailure>, MeshError> {
         let known = self
             .known()

@@ -352,7 +352,7 @@ async fn watch_group(
         while let Some(f) = failures.as_mut() {
             match f.try_recv() {
                 Ok(report) => {
-                    if let Some(end) = member_failed(&report, &group, generation) {
+                    if let Some(end) = member_failed(&report, &group) {
                         ender.end(end);
                         return;
                     }
@@ -381,7 +381,7 @@ async fn watch_group(
             }
             r = report => match r {
                 Ok(report) => {
-                    if let Some(end) = member_failed(&report, &group, generation) {
+                    if let Some(end) = member_failed(&report, &group) {
                         ender.end(end);
                         return;
                     }
@@ -393,12 +393,14 @@ async fn watch_group(
     }
 }
 
-/// The first member of `group` a report about lives of `generation` or
-/// newer names.
-fn member_failed(report: &MeshFailure, group: &[Rank], generation: Generation) -> Option<End> {
-    if report.generation < generation {
-        return None;
-    }
+/// The first member of `group` a report names. The proc passes on only
+/// reports about current lives (not about lives a restart already
+/// replaced), and the subscription began before the transport's channel
+/// opened: a report names a life that was a member of the group. That
+/// life may be older than the transport's generation (a survivor of a
+/// restart of others), so the report's generation is not compared with
+/// it.
+fn member_failed(report: &MeshFailure, group: &[Rank]) -> Option<End> {
     let (i, r) = group
         .iter()
         .enumerate()
@@ -525,5 +527,65 @@ impl Transport for MeshTransport {
             m = queue.recv() => m.ok_or_else(|| TransportError::Closed("the data channel ended".into())),
             () = tokio::time::sleep_until(deadline) => Err(TransportError::Timeout { rank: from }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use regent_mesh::FailureCause;
+
+    use super::*;
+
+    fn report(ranks: &[u32], generation: u64) -> MeshFailure {
+        MeshFailure {
+            mesh: "m".into(),
+            ranks: ranks.iter().copied().map(Rank).collect(),
+            cause: FailureCause::Stopped,
+            generation: Generation(generation),
+        }
+    }
+
+    #[test]
+    fn a_report_names_the_first_failed_member_of_the_group_with_its_cause() {
+        let group = [Rank(4), Rank(1), Rank(2)];
+        match member_failed(&report(&[2, 1], 3), &group) {
+            Some(End::Member(1, why)) => {
+                assert!(why.contains("mesh rank 1 failed (generation 3)"), "{why}");
+                assert!(why.contains(&FailureCause::Stopped.to_string()), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(member_failed(&report(&[0, 3], 3), &group).is_none());
+    }
+
+    /// A survivor of a restart of other ranks keeps its life from an older
+    /// generation; when it fails, the report says that generation. A
+    /// transport of the new generation ends on it, with the cause.
+    #[test]
+    fn a_survivor_of_an_earlier_restart_is_named_with_its_cause() {
+        let group = [Rank(0), Rank(1), Rank(2)];
+        match member_failed(&report(&[2], 0), &group) {
+            Some(End::Member(2, why)) => assert!(why.contains("(generation 0)"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_state_ends_a_group_on_a_newer_generation_or_a_failed_member() {
+        let group = [Rank(0), Rank(1)];
+        let state = |generation, failed: &[u32]| PeerState {
+            generation: Generation(generation),
+            failed: failed.iter().copied().map(Rank).collect(),
+        };
+        assert!(state_ends(&state(2, &[]), &group, Generation(2)).is_none());
+        assert!(state_ends(&state(2, &[5]), &group, Generation(2)).is_none());
+        assert!(matches!(
+            state_ends(&state(2, &[1]), &group, Generation(2)),
+            Some(End::Member(1, _))
+        ));
+        assert!(matches!(
+            state_ends(&state(3, &[]), &group, Generation(2)),
+            Some(End::Closed(_))
+        ));
     }
 }
