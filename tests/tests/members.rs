@@ -558,7 +558,15 @@ async fn members_read_peers_buffers_across_procs() {
         }
     }
     assert_eq!(backends, BTreeSet::from(["shm".into(), "tcp".into()]));
+    // A SIGKILLed process takes a while to end; the owner's failure (its
+    // host agent's waitpid) says it has.
+    let mut failures = mesh.failures();
     c.signal(&c.proc_of(&mesh, 0), ProcSignal::Kill).await;
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .expect("the kill is reported in time")
+        .expect("a failure");
+    assert!(failure.cause.proc_lost(), "{failure}");
     let read = TrainerOp::Read {
         handle,
         backend: None,
