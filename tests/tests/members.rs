@@ -558,30 +558,25 @@ async fn members_read_peers_buffers_across_procs() {
         }
     }
     assert_eq!(backends, BTreeSet::from(["shm".into(), "tcp".into()]));
+    // A SIGKILLed process takes a while to end; the owner's failure (its
+    // host agent's waitpid) says it has.
+    let mut failures = mesh.failures();
     c.signal(&c.proc_of(&mesh, 0), ProcSignal::Kill).await;
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .expect("the kill is reported in time")
+        .expect("a failure");
+    assert!(failure.cause.proc_lost(), "{failure}");
     let read = TrainerOp::Read {
         handle,
         backend: None,
     };
-    // The signal is sent, not yet acted on: until the owner has exited
-    // (all its threads), a read may still succeed; from then on, every
-    // read fails.
     let t = Instant::now();
-    loop {
-        match mesh.call_one(Rank(1), &read).await.unwrap() {
-            TrainerReply::Error(e) => {
-                println!(
-                    "a read of a dead owner's buffer, {:?} after the kill: {e}",
-                    t.elapsed()
-                );
-                break;
-            }
-            TrainerReply::Read { .. } if t.elapsed() < DEADLINE => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            other => panic!("a dead owner's buffer was still read after {DEADLINE:?}: {other:?}"),
-        }
+    match mesh.call_one(Rank(1), &read).await.unwrap() {
+        TrainerReply::Error(e) => println!("a read of a dead owner's buffer: {e}"),
+        other => panic!("a dead owner's buffer was read: {other:?}"),
     }
+    assert!(t.elapsed() < DEADLINE);
     running_at(&mesh, 1).await;
     c.finish().await;
 }

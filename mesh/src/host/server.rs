@@ -459,9 +459,10 @@ fn handle(
                 Ok(r) => r,
                 Err(e) => {
                     let e = HostError::Invalid(format!(
-                        "{} does not decode (a lease is at most {:?}, a stop grace at most {:?}): {e}",
+                        "{} does not decode (a lease is at most {:?}, a proc's owner lease at most {:?}, a stop grace at most {:?}): {e}",
                         HostRequest::TYPE_NAME,
                         wire::MAX_LEASE,
+                        crate::boot::MAX_OWNER_LEASE,
                         MAX_STOP_GRACE,
                     ));
                     refuse(owners, e);
