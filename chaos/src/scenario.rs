@@ -487,6 +487,65 @@ struct Observed {
     recovery: Vec<Duration>,
     detected: BTreeMap<FaultKind, u64>,
     recovered: BTreeMap<FaultKind, u64>,
+    /// Failures no expected fault matched yet: a kill's exit report can
+    /// arrive before the injector has recorded the kill.
+    unmatched: Vec<SeenFailure>,
+}
+
+/// A failure the watcher saw.
+struct SeenFailure {
+    at: Instant,
+    proc: Option<ProcId>,
+    ranks: Vec<u32>,
+    generation: u64,
+}
+
+impl Expected {
+    /// Whether `f` is this fault's failure.
+    fn matches(&self, f: &SeenFailure) -> bool {
+        self.at <= f.at
+            && self.until.is_none_or(|u| f.at <= u)
+            && (f.proc.as_ref().is_some_and(|p| self.procs.contains(p))
+                || (f.proc.is_none() && self.ranks.iter().any(|r| f.ranks.contains(r))))
+    }
+}
+
+impl Observed {
+    /// Counts `e` detected by `f`.
+    fn detect(&mut self, e: &Expected, f: &SeenFailure) {
+        self.detection.push(f.at.duration_since(e.at));
+        *self.detected.entry(e.kind).or_insert(0) += 1;
+        self.awaiting.push((e.at, f.generation, e.kind));
+    }
+
+    /// Records an injected fault: matched at once to a failure seen before
+    /// the injector recorded it, or kept for the failures to come.
+    fn expect(&mut self, e: Expected) {
+        match self.unmatched.iter().position(|f| e.matches(f)) {
+            Some(i) => {
+                let f = self.unmatched.remove(i);
+                self.detect(&e, &f);
+            }
+            None => self.expected.push(e),
+        }
+    }
+
+    /// Records a failure: it detects the first expected fault it matches.
+    fn saw(&mut self, f: SeenFailure) {
+        self.failures.push((f.at, f.ranks.clone()));
+        match self.expected.iter().position(|e| e.matches(&f)) {
+            Some(i) => {
+                let e = self.expected.remove(i);
+                self.detect(&e, &f);
+            }
+            None => {
+                // Bounded: a round's failures; cleared with `expected`.
+                if self.unmatched.len() < 4096 {
+                    self.unmatched.push(f);
+                }
+            }
+        }
+    }
 }
 
 /// A fault whose failure the owner should detect.
@@ -526,24 +585,13 @@ async fn watch_failures(mesh: ActorMesh<Tally>, obs: Arc<Mutex<Observed>>) {
     loop {
         match rx.recv().await {
             Ok(f) => {
-                let now = Instant::now();
-                let mut o = lock(&obs);
-                o.failures
-                    .push((now, f.ranks.iter().map(|r| r.0).collect()));
-                let proc = failure_proc(&f).cloned();
-                let ranks: Vec<u32> = f.ranks.iter().map(|r| r.0).collect();
-                let hit = o.expected.iter().position(|e| {
-                    e.at <= now
-                        && e.until.is_none_or(|u| now <= u)
-                        && (proc.as_ref().is_some_and(|p| e.procs.contains(p))
-                            || (proc.is_none() && e.ranks.iter().any(|r| ranks.contains(r))))
-                });
-                if let Some(i) = hit {
-                    let e = o.expected.remove(i);
-                    o.detection.push(now.duration_since(e.at));
-                    *o.detected.entry(e.kind).or_insert(0) += 1;
-                    o.awaiting.push((e.at, f.generation.0, e.kind));
-                }
+                let seen = SeenFailure {
+                    at: Instant::now(),
+                    proc: failure_proc(&f).cloned(),
+                    ranks: f.ranks.iter().map(|r| r.0).collect(),
+                    generation: f.generation.0,
+                };
+                lock(&obs).saw(seen);
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                 lock(&obs).failures_missed = true;
@@ -931,7 +979,7 @@ pub async fn run(
                     if !inj.applied || (inj.procs.is_empty() && inj.ranks.is_empty()) {
                         return;
                     }
-                    lock(&obs).expected.push(Expected {
+                    lock(&obs).expect(Expected {
                         kind: sf.fault.kind(),
                         at: inj.at,
                         procs: inj.procs.clone(),
@@ -955,7 +1003,11 @@ pub async fn run(
                 mesh.status()
             ));
         }
-        lock(&obs).expected.clear();
+        {
+            let mut o = lock(&obs);
+            o.expected.clear();
+            o.unmatched.clear();
+        }
         // Zombies: procs abandoned by the mesh must exit once healed.
         let current: Vec<ProcId> = mesh.procs().into_iter().map(|a| a.proc).collect();
         let zombies: Vec<u32> = cluster
@@ -1143,6 +1195,45 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_reported_before_its_kill_was_recorded_still_detects_it() {
+        let proc = ProcId::new("p-1").unwrap();
+        let at = Instant::now();
+        let kill = || Expected {
+            kind: FaultKind::Kill,
+            at,
+            procs: vec![proc.clone()],
+            ranks: vec![],
+            until: None,
+        };
+        let exit = || SeenFailure {
+            at: at + Duration::from_millis(3),
+            proc: Some(proc.clone()),
+            ranks: vec![2],
+            generation: 0,
+        };
+        // The exit report first (pushed from waitpid within milliseconds),
+        // then the injector's record of the kill.
+        let mut o = Observed::default();
+        o.saw(exit());
+        o.expect(kill());
+        assert_eq!(o.detected.get(&FaultKind::Kill), Some(&1));
+        assert!(o.expected.is_empty() && o.unmatched.is_empty());
+        // And in the usual order.
+        let mut o = Observed::default();
+        o.expect(kill());
+        o.saw(exit());
+        assert_eq!(o.detected.get(&FaultKind::Kill), Some(&1));
+        // A failure before the fault began is not its detection.
+        let mut o = Observed::default();
+        o.saw(SeenFailure {
+            at: at - Duration::from_millis(1),
+            ..exit()
+        });
+        o.expect(kill());
+        assert_eq!(o.detected.get(&FaultKind::Kill), None);
+    }
 
     fn report(invariants: Vec<InvariantResult>) -> Report {
         Report {
