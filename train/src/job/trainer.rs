@@ -236,7 +236,10 @@ impl MeshActor for Trainer {
 
     async fn new(member: &Member, args: TrainerArgs) -> Result<Self, ActorError> {
         tch::set_num_threads(args.threads.max(1));
-        tch::set_num_interop_threads(1);
+        // libtorch refuses a second call in a process (it panics through
+        // tch), and a restarted member runs `new` again in the same proc.
+        static INTEROP: std::sync::Once = std::sync::Once::new();
+        INTEROP.call_once(|| tch::set_num_interop_threads(1));
         let replica = args.spec.build()?;
         let world = member.size() as usize;
         if world != args.spec.world as usize {
