@@ -236,10 +236,17 @@ impl MeshActor for Trainer {
 
     async fn new(member: &Member, args: TrainerArgs) -> Result<Self, ActorError> {
         tch::set_num_threads(args.threads.max(1));
-        // libtorch refuses a second call in a process (it panics through
-        // tch), and a restarted member runs `new` again in the same proc.
+        // libtorch refuses a second call in a process, and once anything
+        // parallel has run (tch panics then); a restarted member runs `new`
+        // again in the same proc. Inter-op threads change no result (the
+        // models run no inter-op parallel work), so a refusal is only
+        // logged.
         static INTEROP: std::sync::Once = std::sync::Once::new();
-        INTEROP.call_once(|| tch::set_num_interop_threads(1));
+        INTEROP.call_once(|| {
+            if std::panic::catch_unwind(|| tch::set_num_interop_threads(1)).is_err() {
+                tracing::warn!("libtorch kept its inter-op thread count");
+            }
+        });
         let replica = args.spec.build()?;
         let world = member.size() as usize;
         if world != args.spec.world as usize {
