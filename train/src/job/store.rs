@@ -99,8 +99,12 @@ fn remove_stale_temporaries(dir: &Path) {
     for e in entries.filter_map(Result::ok) {
         if e.file_name().to_str().is_some_and(stale_temporary) {
             match std::fs::remove_file(e.path()) {
-                Ok(()) => tracing::info!(path = %e.path().display(), "a dead writer's temporary is removed"),
-                Err(err) => tracing::warn!(path = %e.path().display(), error = %err, "a dead writer's temporary could not be removed"),
+                Ok(()) => {
+                    tracing::info!(path = %e.path().display(), "a dead writer's temporary is removed")
+                }
+                Err(err) => {
+                    tracing::warn!(path = %e.path().display(), error = %err, "a dead writer's temporary could not be removed")
+                }
             }
         }
     }

@@ -9,10 +9,8 @@ use crate::job::{JobSpec, ModelSpec, OptimSpec};
 
 /// A fresh, empty directory under the system's temporary one.
 fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "regent-train-store-{name}-{}",
-        std::process::id()
-    ));
+    let dir =
+        std::env::temp_dir().join(format!("regent-train-store-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the test directory");
     dir
@@ -80,7 +78,10 @@ fn latest_names_the_newest_and_loads_it_whole() {
     );
     let (path, state) = latest_checkpoint(&dir).expect("load").expect("one");
     assert_eq!(path, dir.join(ckpt_name(3)));
-    assert!(same(&state, &states[2]), "the loaded state is not the saved one");
+    assert!(
+        same(&state, &states[2]),
+        "the loaded state is not the saved one"
+    );
 }
 
 #[test]
@@ -198,7 +199,12 @@ fn a_write_killed_before_its_rename_leaves_the_previous_checkpoint_in_force() {
     names.sort();
     assert_eq!(
         names,
-        vec![ckpt_name(2), ckpt_name(3), ckpt_name(4), "latest".to_string()]
+        vec![
+            ckpt_name(2),
+            ckpt_name(3),
+            ckpt_name(4),
+            "latest".to_string()
+        ]
     );
     assert_eq!(loaded_step(&dir), 4);
 }
