@@ -74,6 +74,10 @@ pub enum Algorithm {
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// The largest pipeline chunk.
 pub const MAX_CHUNK_BYTES: usize = 64 << 20;
+/// How long a member whose read found a peer's memory released waits for
+/// the cause (the transport's failure report, or the peer's `Abort`)
+/// before it blames that peer.
+pub const BLAME_GRACE: Duration = Duration::from_secs(1);
 /// Bytes a message needs beside an inline payload.
 const MESSAGE_OVERHEAD_BYTES: usize = 4096;
 
@@ -766,8 +770,10 @@ impl<T: Transport> Communicator<T> {
     async fn break_with(&mut self, e: &Error, tag: Tag) {
         self.broken = Some(e.to_string());
         tracing::debug!(rank = self.rank(), error = %e, "collective failed");
+        // An abort is passed on too: a member that gives up releases its
+        // memory, and a peer reading it then learns the culprit from here.
         let culprit = match e {
-            Error::Timeout { .. } | Error::Aborted { .. } | Error::Broken(_) => None,
+            Error::Timeout { .. } | Error::Broken(_) => None,
             other => other.culprit(),
         };
         let Some(culprit) = culprit else { return };
@@ -796,6 +802,7 @@ impl<T: Transport> Communicator<T> {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
+        let e = self.blame(e).await;
         let e = match self.t.failure() {
             Some((rank, reason)) if e.culprit() != Some(rank) => Error::PeerFailed {
                 rank,
@@ -805,6 +812,52 @@ impl<T: Transport> Communicator<T> {
         };
         self.break_with(&e, tag).await;
         Err(e)
+    }
+
+    /// The error to report for `e`. A peer whose memory was released (or
+    /// closed) while this member read it gave up on the operation, most
+    /// likely because another member failed: the buffer plane sees the
+    /// release before the transport reports that failure or the peer's
+    /// `Abort` (sent before it let go) arrives. So wait a little (at most
+    /// [`BLAME_GRACE`]) for either before blaming the peer. Other errors
+    /// are returned as they are (a dead owner is its own culprit).
+    async fn blame(&self, e: Error) -> Error {
+        let q = match &e {
+            Error::Peer {
+                rank,
+                source: regent_rdma::Error::Released { .. } | regent_rdma::Error::Closed { .. },
+            } => *rank,
+            _ => return e,
+        };
+        if self.t.failure().is_some() {
+            return e;
+        }
+        let deadline = Instant::now() + BLAME_GRACE.min(self.config.timeout);
+        loop {
+            match self.t.recv(q, deadline).await {
+                Ok(bytes) => match Msg::decode(q, bytes) {
+                    Ok((
+                        Msg {
+                            body: Body::Abort { culprit, reason },
+                            ..
+                        },
+                        _,
+                    )) => {
+                        return Error::Aborted {
+                            by: q,
+                            culprit: culprit as usize,
+                            reason,
+                        };
+                    }
+                    // What it sent for the operation before it gave up.
+                    Ok(_) => {}
+                    Err(_) => return e,
+                },
+                // A failure reported (`finish` names it), the deadline,
+                // or the transport gone.
+                Err(_) => return e,
+            }
+        }
     }
 
     /// Waits until every member has entered the barrier (dissemination:

@@ -37,5 +37,10 @@ pub use reduce::{ReduceOp, fold_bytes, serial_fold};
 pub use reshard::{Placement, ReshardPlan, Sharding, plan_tensor};
 pub use transport::{Transport, TransportError};
 
+/// The tch this crate is built with (for crates above it, so that one
+/// version is in the graph and only this crate and `train/` name it as a
+/// dependency).
+pub use tch;
+
 #[cfg(test)]
 mod testing;

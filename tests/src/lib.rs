@@ -7,3 +7,4 @@ pub mod mesh_actors;
 pub mod peers;
 pub mod process;
 pub mod tempdir;
+pub mod tensor_actors;

@@ -303,6 +303,19 @@ impl Member {
         self.inner.state.clone()
     }
 
+    /// Failures of this mesh's members as the owner reports them to this
+    /// proc (ranks, cause, and the generation of the failed lives), from
+    /// now on. Unlike [`Member::peer_state`], which keeps only the latest
+    /// state, every report is kept (the last 64 for a slow reader), so a
+    /// failure followed at once by the restart that repairs it is still
+    /// seen, with its cause.
+    pub fn failures(&self) -> Result<tokio::sync::broadcast::Receiver<MeshFailure>, MeshError> {
+        let known = self
+            .known()
+            .ok_or_else(|| MeshError::Stopped(self.inner.name.clone()))?;
+        Ok(known.failures.subscribe())
+    }
+
     /// Why this life started.
     pub fn start(&self) -> &StartContext {
         &self.inner.start
