@@ -100,10 +100,45 @@ fn spec(opts: &TrainOptions) -> anyhow::Result<JobSpec> {
     })
 }
 
+/// The file of a run directory that records its job's spec.
+pub(crate) const JOB_FILE: &str = "job.json";
+
+/// Records the job's spec in its run directory (`job.json`), or checks it
+/// against the one there: a run directory resumes only the job it holds
+/// (another model, seed or world would load a checkpoint that does not fit,
+/// or silently train a different job on from it).
+fn check_run_dir(dir: &std::path::Path, spec: &JobSpec) -> anyhow::Result<()> {
+    let path = dir.join(JOB_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let held: JobSpec = serde_json::from_slice(&bytes)
+                .map_err(|e| anyhow::anyhow!("{} is not a job spec: {e}", path.display()))?;
+            if held != *spec {
+                anyhow::bail!(
+                    "{} holds another job ({held:?}) than this one ({spec:?}): use another --run-dir",
+                    dir.display()
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+            let tmp = dir.join(format!(".{JOB_FILE}.tmp"));
+            std::fs::write(&tmp, serde_json::to_vec_pretty(spec)?)
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            Ok(())
+        }
+        Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+    }
+}
+
 /// Runs the job; returns whether `--verify` (if asked) found the weights
 /// equal.
 pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
     let spec = spec(&opts)?;
+    check_run_dir(&opts.run_dir, &spec)?;
     let mut config = JobConfig::new(spec.clone(), opts.steps, opts.run_dir.clone());
     config.checkpoint_every = opts.checkpoint_every;
     config.step_timeout = opts.step_timeout;

@@ -678,189 +678,192 @@ async fn steps(
     // The members' communicator: a new one (on channels of its own) after
     // every failed step.
     let mut epoch = 0u32;
-    while *committed < config.steps {
-        // Faults injected since the last look wait for the next commit.
-        {
-            let l = log.lock().expect("log lock");
-            pending_faults.extend(l.faults[seen_faults..].iter().map(|(t, _)| *t));
-            seen_faults = l.faults.len();
-            for f in &l.failures[failures_seen..] {
-                events(JobEvent::Failure(format!(
-                    "failure at +{:.2}s",
-                    f.duration_since(l.failures[0]).as_secs_f64()
-                )));
+    // A checkpoint due at the last step is written too (after a recovery
+    // when rank 0 failed while writing it).
+    while *committed < config.steps || checkpoint_due {
+        if *committed < config.steps {
+            // Faults injected since the last look wait for the next commit.
+            {
+                let l = log.lock().expect("log lock");
+                pending_faults.extend(l.faults[seen_faults..].iter().map(|(t, _)| *t));
+                seen_faults = l.faults.len();
+                for f in &l.failures[failures_seen..] {
+                    events(JobEvent::Failure(format!(
+                        "failure at +{:.2}s",
+                        f.duration_since(l.failures[0]).as_secs_f64()
+                    )));
+                }
+                failures_seen = l.failures.len();
             }
-            failures_seen = l.failures.len();
-        }
-        let step = *committed;
-        let g = mesh.generation();
-        let t = Instant::now();
-        let poison = poison_for(config, log, &mut poisoned, step);
-        let vm = mesh
-            .call_within(
-                &all,
-                &TrainerMsg::Compute {
+            let step = *committed;
+            let g = mesh.generation();
+            let t = Instant::now();
+            let poison = poison_for(config, log, &mut poisoned, step);
+            let vm = mesh
+                .call_within(
+                    &all,
+                    &TrainerMsg::Compute {
+                        step,
+                        epoch,
+                        poison,
+                    },
+                    config.step_timeout,
+                )
+                .await?;
+            let computed = vm.is_complete()
+                && answers(&vm)
+                    .iter()
+                    .all(|r| matches!(r, TrainerReply::Computed { step: s, .. } if *s == step));
+            let loss: f64 = answers(&vm)
+                .iter()
+                .map(|r| match r {
+                    TrainerReply::Computed { loss, .. } => *loss,
+                    _ => 0.0,
+                })
+                .sum();
+            let finite = loss.is_finite()
+                && answers(&vm)
+                    .iter()
+                    .all(|r| matches!(r, TrainerReply::Computed { finite: true, .. }));
+            if computed && !finite {
+                report.nonfinite.push(step);
+                log.lock().expect("log lock").seen.push(Instant::now());
+                events(JobEvent::NonFinite {
                     step,
-                    epoch,
-                    poison,
-                },
-                config.step_timeout,
-            )
-            .await?;
-        let computed = vm.is_complete()
-            && answers(&vm)
-                .iter()
-                .all(|r| matches!(r, TrainerReply::Computed { step: s, .. } if *s == step));
-        let loss: f64 = answers(&vm)
-            .iter()
-            .map(|r| match r {
-                TrainerReply::Computed { loss, .. } => *loss,
-                _ => 0.0,
-            })
-            .sum();
-        let finite = loss.is_finite()
-            && answers(&vm)
-                .iter()
-                .all(|r| matches!(r, TrainerReply::Computed { finite: true, .. }));
-        if computed && !finite {
-            report.nonfinite.push(step);
-            log.lock().expect("log lock").seen.push(Instant::now());
-            events(JobEvent::NonFinite {
-                step,
-                policy: config.on_nan,
-            });
-            match config.on_nan {
-                NanPolicy::Skip => {
-                    consecutive_skips += 1;
-                    if consecutive_skips > config.max_consecutive_skips {
-                        return Err(Error::Job(format!(
-                            "steps {}..={step} were all non-finite: more than {} skips in a row \
-                             (the model diverged)",
-                            step + 1 - u64::from(consecutive_skips),
-                            config.max_consecutive_skips
-                        )));
-                    }
-                    let delivered = mesh.cast(&all, &TrainerMsg::Skip { step }).await?;
-                    *committed += 1;
-                    committed_now.store(*committed, Relaxed);
-                    report.skipped.push(step);
-                    if *committed > best {
-                        best = *committed;
-                    }
-                    if !delivered.is_complete() {
-                        *committed =
-                            recover(config, mesh, procs, g, *committed, report, events).await?;
-                        epoch = epoch.wrapping_add(1);
+                    policy: config.on_nan,
+                });
+                match config.on_nan {
+                    NanPolicy::Skip => {
+                        consecutive_skips += 1;
+                        if consecutive_skips > config.max_consecutive_skips {
+                            return Err(Error::Job(format!(
+                                "steps {}..={step} were all non-finite: more than {} skips in a row \
+                                 (the model diverged)",
+                                step + 1 - u64::from(consecutive_skips),
+                                config.max_consecutive_skips
+                            )));
+                        }
+                        let delivered = mesh.cast(&all, &TrainerMsg::Skip { step }).await?;
+                        *committed += 1;
                         committed_now.store(*committed, Relaxed);
+                        report.skipped.push(step);
+                        if *committed > best {
+                            best = *committed;
+                        }
+                        if !delivered.is_complete() {
+                            *committed =
+                                recover(config, mesh, procs, g, *committed, report, events).await?;
+                            epoch = epoch.wrapping_add(1);
+                            committed_now.store(*committed, Relaxed);
+                            continue;
+                        }
+                        if config.checkpoint_every > 0 && *committed % config.checkpoint_every == 0
+                        {
+                            checkpoint_due = true;
+                        }
+                    }
+                    NanPolicy::Restore => {
+                        if let Some((s, from)) = nan_restored
+                            && s == step
+                        {
+                            return Err(Error::NonFinite {
+                                step,
+                                restored_from: from,
+                            });
+                        }
+                        let restored = restore_everyone(config, mesh).await?;
+                        report.nan_restores += 1;
+                        report.replayed += step.saturating_sub(restored);
+                        nan_restored = Some((step, restored));
+                        *committed = restored;
+                        committed_now.store(*committed, Relaxed);
+                        events(JobEvent::Recovered {
+                            step: restored,
+                            how: format!(
+                                "step {step} was not finite: restored the checkpoint at step {restored}"
+                            ),
+                        });
                         continue;
                     }
-                    if config.checkpoint_every > 0 && *committed % config.checkpoint_every == 0 {
-                        checkpoint_due = true;
-                    }
                 }
-                NanPolicy::Restore => {
-                    if let Some((s, from)) = nan_restored
-                        && s == step
-                    {
-                        return Err(Error::NonFinite {
-                            step,
-                            restored_from: from,
-                        });
-                    }
-                    let restored = restore_everyone(config, mesh).await?;
-                    report.nan_restores += 1;
-                    report.replayed += step.saturating_sub(restored);
-                    nan_restored = Some((step, restored));
-                    *committed = restored;
+            } else if computed {
+                // Every rank has the same mean: every rank applies it.
+                let delivered = mesh.cast(&all, &TrainerMsg::Commit { step }).await?;
+                *committed += 1;
+                consecutive_skips = 0;
+                if nan_restored.is_some_and(|(s, _)| s < *committed) {
+                    nan_restored = None;
+                }
+                committed_now.store(*committed, Relaxed);
+                let time = t.elapsed();
+                if *committed > best {
+                    report.useful += time;
+                    best = *committed;
+                }
+                report.losses.push((*committed, loss));
+                report.final_loss = loss;
+                events(JobEvent::Step {
+                    step: *committed,
+                    loss,
+                    time,
+                    generation: g.0,
+                });
+                let now = Instant::now();
+                report
+                    .recovery
+                    .extend(pending_faults.drain(..).map(|f| now.duration_since(f)));
+                if !delivered.is_complete() {
+                    *committed =
+                        recover(config, mesh, procs, g, *committed, report, events).await?;
+                    epoch = epoch.wrapping_add(1);
                     committed_now.store(*committed, Relaxed);
-                    events(JobEvent::Recovered {
-                        step: restored,
-                        how: format!(
-                            "step {step} was not finite: restored the checkpoint at step {restored}"
-                        ),
-                    });
                     continue;
                 }
-            }
-        } else if computed {
-            // Every rank has the same mean: every rank applies it.
-            let delivered = mesh.cast(&all, &TrainerMsg::Commit { step }).await?;
-            *committed += 1;
-            consecutive_skips = 0;
-            if nan_restored.is_some_and(|(s, _)| s < *committed) {
-                nan_restored = None;
-            }
-            committed_now.store(*committed, Relaxed);
-            let time = t.elapsed();
-            if *committed > best {
-                report.useful += time;
-                best = *committed;
-            }
-            report.losses.push((*committed, loss));
-            report.final_loss = loss;
-            events(JobEvent::Step {
-                step: *committed,
-                loss,
-                time,
-                generation: g.0,
-            });
-            let now = Instant::now();
-            report
-                .recovery
-                .extend(pending_faults.drain(..).map(|f| now.duration_since(f)));
-            if !delivered.is_complete() {
+                if config.checkpoint_every > 0 && *committed % config.checkpoint_every == 0 {
+                    checkpoint_due = true;
+                }
+            } else {
+                report.failed_steps += 1;
+                tracing::info!(
+                    step,
+                    failed = ?vm.failed(),
+                    broken = ?answers(&vm)
+                        .iter()
+                        .filter_map(|r| match r {
+                            TrainerReply::Broken(why) => Some(why.as_str()),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>(),
+                    took_ms = t.elapsed().as_millis() as u64,
+                    "a step failed"
+                );
+                // Ranks that did not answer in time while their procs still run
+                // are hung: kill them, and the supervision replaces them.
+                if mesh.generation() == g && matches!(mesh.status(), MeshStatus::Running) {
+                    let hung: Vec<Rank> = vm
+                        .failed()
+                        .iter()
+                        .filter(|(_, e)| matches!(e, regent_mesh::MemberError::Timeout))
+                        .map(|(r, _)| *r)
+                        .collect();
+                    for r in hung {
+                        if let Some(p) = mesh.procs().get(r.0 as usize) {
+                            tracing::warn!(rank = r.0, proc = %p.proc, "a hung rank is killed");
+                            report.hung += 1;
+                            log.lock().expect("log lock").seen.push(Instant::now());
+                            let _ = procs.allocator().signal(&p.proc, ProcSignal::Kill).await;
+                        }
+                    }
+                }
                 *committed = recover(config, mesh, procs, g, *committed, report, events).await?;
+                // Whoever computed has dropped its communicator.
                 epoch = epoch.wrapping_add(1);
                 committed_now.store(*committed, Relaxed);
                 continue;
             }
-            if config.checkpoint_every > 0 && *committed % config.checkpoint_every == 0 {
-                checkpoint_due = true;
-            }
-        } else {
-            report.failed_steps += 1;
-            tracing::info!(
-                step,
-                failed = ?vm.failed(),
-                broken = ?answers(&vm)
-                    .iter()
-                    .filter_map(|r| match r {
-                        TrainerReply::Broken(why) => Some(why.as_str()),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>(),
-                took_ms = t.elapsed().as_millis() as u64,
-                "a step failed"
-            );
-            // Ranks that did not answer in time while their procs still run
-            // are hung: kill them, and the supervision replaces them.
-            if mesh.generation() == g && matches!(mesh.status(), MeshStatus::Running) {
-                let hung: Vec<Rank> = vm
-                    .failed()
-                    .iter()
-                    .filter(|(_, e)| matches!(e, regent_mesh::MemberError::Timeout))
-                    .map(|(r, _)| *r)
-                    .collect();
-                for r in hung {
-                    if let Some(p) = mesh.procs().get(r.0 as usize) {
-                        tracing::warn!(rank = r.0, proc = %p.proc, "a hung rank is killed");
-                        report.hung += 1;
-                        log.lock().expect("log lock").seen.push(Instant::now());
-                        let _ = procs.allocator().signal(&p.proc, ProcSignal::Kill).await;
-                    }
-                }
-            }
-            let before = *committed;
-            *committed = recover(config, mesh, procs, g, *committed, report, events).await?;
-            // Whoever computed has dropped its communicator.
-            epoch = epoch.wrapping_add(1);
-            if *committed < before {
-                report.replayed += before - *committed;
-            }
-            committed_now.store(*committed, Relaxed);
-            continue;
         }
         if checkpoint_due {
+            let g = mesh.generation();
             match mesh.call_one(Rank(0), &TrainerMsg::Checkpoint).await {
                 Ok(TrainerReply::Checkpointed { step, bytes, ms }) => {
                     checkpoint_due = false;
@@ -881,7 +884,8 @@ async fn steps(
                         recover(config, mesh, procs, g, *committed, report, events).await?;
                     epoch = epoch.wrapping_add(1);
                     if *committed < before {
-                        report.replayed += before - *committed;
+                        // Restored from a checkpoint: its step needs none.
+                        checkpoint_due = false;
                     }
                     committed_now.store(*committed, Relaxed);
                 }
@@ -1045,6 +1049,8 @@ async fn recover(
                 at[0].0
             );
         }
+        // Restored from a checkpoint: the steps since come again.
+        report.replayed += committed.saturating_sub(step);
         tracing::info!(
             step,
             %how,
