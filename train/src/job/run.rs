@@ -757,7 +757,8 @@ async fn steps(
                             committed_now.store(*committed, Relaxed);
                             continue;
                         }
-                        if config.checkpoint_every > 0 && *committed % config.checkpoint_every == 0
+                        if config.checkpoint_every > 0
+                            && committed.is_multiple_of(config.checkpoint_every)
                         {
                             checkpoint_due = true;
                         }
@@ -819,7 +820,8 @@ async fn steps(
                     committed_now.store(*committed, Relaxed);
                     continue;
                 }
-                if config.checkpoint_every > 0 && *committed % config.checkpoint_every == 0 {
+                if config.checkpoint_every > 0 && committed.is_multiple_of(config.checkpoint_every)
+                {
                     checkpoint_due = true;
                 }
             } else {
@@ -1139,7 +1141,7 @@ pub fn reference(spec: &JobSpec, steps: u64, threads: i32) -> Result<TrainState,
     reference_with_skips(spec, steps, threads, &[])
 }
 
-/// [`reference`] of a job whose skip policy dropped the steps `skipped`
+/// [`reference()`] of a job whose skip policy dropped the steps `skipped`
 /// ([`Report::skipped`]): those steps advance the counter and apply
 /// nothing, as on every rank of the job.
 pub fn reference_with_skips(
