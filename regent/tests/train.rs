@@ -377,23 +377,25 @@ fn latest_step(dir: &Path) -> Option<u64> {
         .ok()
 }
 
-#[test]
-fn a_killed_controller_leaves_no_proc_and_the_same_command_resumes_bit_identical() {
-    let dir = RunDir::new("controller");
-    let base = small("3", "600", "20");
-    let args = with(&base, &["--chaos", "kill:1500ms", "--step-timeout", "10s"]);
-    let first = Controller::start(dir.path(), "first", &args);
-    // Until a few checkpoints are in.
+/// Runs `regent train ARGS` until its `latest` checkpoint is at `step` or
+/// past it; the controller and its live procs (REGENT_ROLE=proc children).
+fn run_until_checkpoint(
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+    step: u64,
+) -> (Controller, Vec<i32>) {
+    let c = Controller::start(dir, name, args);
     let deadline = Instant::now() + Duration::from_secs(90);
-    while latest_step(dir.path()).is_none_or(|s| s < 60) {
+    while latest_step(dir).is_none_or(|s| s < step) {
         assert!(
             Instant::now() < deadline,
-            "no checkpoint at step 60 in time:\n{}",
-            first.output()
+            "no checkpoint at step {step} in time:\n{}",
+            c.output()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let procs: Vec<i32> = first
+    let procs: Vec<i32> = c
         .children()
         .into_iter()
         .filter(|p| {
@@ -403,29 +405,59 @@ fn a_killed_controller_leaves_no_proc_and_the_same_command_resumes_bit_identical
         .collect();
     // Three procs, but for one being replaced after a kill.
     assert!(procs.len() >= 2, "the controller's procs: {procs:?}");
-    kill(Pid::from_raw(first.pid()), Signal::SIGKILL).expect("kill the controller");
-    let killed = Instant::now();
-    let gone_deadline = killed + Duration::from_secs(10);
+    (c, procs)
+}
+
+/// Waits until every proc of `procs` is gone, at most `limit`; how long
+/// it took.
+fn wait_gone(procs: &[i32], limit: Duration, what: &str) -> Duration {
+    let start = Instant::now();
     while !procs.iter().all(|p| gone(*p)) {
         let left: Vec<&i32> = procs.iter().filter(|p| !gone(**p)).collect();
         assert!(
-            Instant::now() < gone_deadline,
-            "procs {left:?} outlived their controller by 10 s"
+            start.elapsed() < limit,
+            "procs {left:?} outlived their controller ({what}) by {limit:?}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let procs_gone_after = killed.elapsed();
+    start.elapsed()
+}
+
+#[test]
+fn a_killed_controller_leaves_no_proc_and_the_same_command_resumes_bit_identical() {
+    let dir = RunDir::new("controller");
+    let base = small("3", "600", "20");
+    let args = with(&base, &["--chaos", "kill:1500ms", "--step-timeout", "10s"]);
+    // SIGKILL: the procs die with their controller.
+    let (first, procs) = run_until_checkpoint(dir.path(), "first", &args, 40);
+    kill(Pid::from_raw(first.pid()), Signal::SIGKILL).expect("kill the controller");
+    let after_kill = wait_gone(&procs, Duration::from_secs(10), "SIGKILL");
     drop(first);
-    let resumed_from = latest_step(dir.path()).expect("a checkpoint");
-    let r = run_ok(&dir, "second", &args);
+    let resumed = latest_step(dir.path()).expect("a checkpoint");
+    // SIGSTOP: the controller is silent but alive (as one cut off or hung
+    // would be): its procs stop when their owner lease (5 s) lapses, with
+    // no help from the parent-death signal. Then it is killed too.
+    let (second, procs) = run_until_checkpoint(dir.path(), "second", &args, resumed + 40);
+    kill(Pid::from_raw(second.pid()), Signal::SIGSTOP).expect("stop the controller");
+    let after_stop = wait_gone(&procs, Duration::from_secs(9), "SIGSTOP, lease 5 s");
+    kill(Pid::from_raw(second.pid()), Signal::SIGKILL).expect("kill the controller");
+    drop(second);
+    let resumed_again = latest_step(dir.path()).expect("a checkpoint");
+    assert!(
+        resumed_again > resumed,
+        "the second controller made no checkpoint"
+    );
+    // The same command again runs to the end from the latest checkpoint.
+    let r = run_ok(&dir, "third", &args);
     assert_eq!(
         count(&r, &["start_step"]),
-        resumed_from,
-        "the second controller did not resume from the latest checkpoint: {r:#}"
+        resumed_again,
+        "the third controller did not resume from the latest checkpoint: {r:#}"
     );
     assert_eq!(count(&r, &["steps"]), 600);
     eprintln!(
-        "procs gone {procs_gone_after:?} after the controller's kill; resumed at step {resumed_from}"
+        "procs gone {after_kill:?} after the controller's SIGKILL, {after_stop:?} after its SIGSTOP; \
+         resumed at steps {resumed} and {resumed_again}"
     );
     assert_bit_identical(dir.path(), 600, &[], &r);
 }
