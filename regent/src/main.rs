@@ -71,7 +71,8 @@ enum Command {
         /// Procs (data-parallel ranks).
         #[arg(long, default_value_t = 4)]
         procs: u32,
-        /// The model: `gpt` (a char-level transformer) or `mlp`.
+        /// The model: `gpt` (a char-level transformer), `mlp` (1.8M
+        /// parameters) or `mlp-small` (27K parameters, for tests).
         #[arg(long, default_value = "gpt")]
         model: String,
         /// A text file for the gpt (default: a corpus generated from the
@@ -87,8 +88,11 @@ enum Command {
         /// Where checkpoints live; the same directory resumes a job.
         #[arg(long, default_value = "regent-run")]
         run_dir: PathBuf,
-        /// Faults to inject: `KIND[,KIND...][:EVERY]`, kinds `kill` and
-        /// `pause` (e.g. `kill:15s`, `kill,pause:5s`).
+        /// Faults to inject: `KIND[,KIND...][:EVERY]`, kinds `kill`,
+        /// `pause` (SIGSTOP, then SIGCONT 2.5 s later), `partition` (a proc
+        /// cut off for 2.5 s, through UDP proxies) and `nan` (a NaN in one
+        /// rank's gradient of a step), taken in turn (e.g. `kill:15s`,
+        /// `kill,pause:5s`).
         #[arg(long)]
         chaos: Option<String>,
         /// Also compute the fault-free result and compare the final weights
@@ -105,6 +109,24 @@ enum Command {
         /// A step that takes longer fails (its hung ranks are replaced).
         #[arg(long, default_value = "20s", value_parser = chaos::parse_duration)]
         step_timeout: std::time::Duration,
+        /// What a step with a non-finite loss or mean gradient does: `skip`
+        /// (every rank drops it; the report lists it) or `restore` (every
+        /// rank restores the last checkpoint and replays; the same step
+        /// non-finite again fails the job).
+        #[arg(long, default_value = "skip")]
+        on_nan: String,
+        /// Fault injection: steps (comma-separated) whose gradient on one
+        /// rank is poisoned with a NaN every time they are computed (a bad
+        /// batch).
+        #[arg(long, value_delimiter = ',')]
+        nan_at: Vec<u64>,
+        /// libtorch intra-op threads per proc (the same in every proc and
+        /// the reference, for bit-identical results).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=256))]
+        threads: i32,
+        /// Also write the report as JSON to this file.
+        #[arg(long)]
+        report_json: Option<PathBuf>,
     },
     /// Chaos runs (`regent chaos soak --duration 1h --seed S`).
     Chaos {
@@ -282,6 +304,10 @@ fn main() -> anyhow::Result<()> {
             policy,
             seed,
             step_timeout,
+            on_nan,
+            nan_at,
+            threads,
+            report_json,
         } => {
             let opts = train::TrainOptions {
                 procs,
@@ -295,6 +321,10 @@ fn main() -> anyhow::Result<()> {
                 policy,
                 seed,
                 step_timeout,
+                on_nan,
+                nan_at,
+                threads,
+                report_json,
             };
             if !rt.block_on(train::train(opts))? {
                 anyhow::bail!("the final weights differ from the fault-free reference");

@@ -1,7 +1,8 @@
 //! `regent train`: a supervised data-parallel training job on procs of this
 //! binary (the local allocator), with faults injected on a seeded schedule,
-//! a progress bar, and a report at the end; `--verify` also computes the
-//! fault-free result and compares the final weights bit for bit.
+//! a progress bar, and a report at the end (also as JSON with
+//! `--report-json`); `--verify` also computes the fault-free result and
+//! compares the final weights bit for bit.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,8 +10,11 @@ use std::time::Duration;
 use regent_mesh::Decision;
 use std::sync::Arc;
 
-use regent_train::job::run::{FaultKind, FaultPlan, Isolate, reference};
-use regent_train::job::{JobCluster, JobConfig, JobEvent, JobSpec, ModelSpec, OptimSpec, run_job};
+use regent_train::job::run::{FaultKind, FaultPlan, Isolate, percentile};
+use regent_train::job::{
+    JobCluster, JobConfig, JobEvent, JobSpec, ModelSpec, NanPolicy, OptimSpec, Report,
+    reference_with_skips, run_job,
+};
 
 /// What `regent train` was asked.
 #[derive(Debug, Clone)]
@@ -26,10 +30,14 @@ pub(crate) struct TrainOptions {
     pub(crate) policy: String,
     pub(crate) seed: u64,
     pub(crate) step_timeout: Duration,
+    pub(crate) on_nan: String,
+    pub(crate) nan_at: Vec<u64>,
+    pub(crate) threads: i32,
+    pub(crate) report_json: Option<PathBuf>,
 }
 
 /// Parses `--chaos`: `KIND[,KIND...][:EVERY]` (kinds `kill`, `pause`,
-/// `partition`; `EVERY` like `15s`, `500ms`; default 15 s).
+/// `partition`, `nan`; `EVERY` like `15s`, `500ms`; default 15 s).
 pub(crate) fn parse_chaos(text: &str, seed: u64, until_step: u64) -> Result<FaultPlan, String> {
     let (kinds, every) = match text.split_once(':') {
         Some((k, e)) => (k, crate::chaos::parse_duration(e)?),
@@ -44,8 +52,9 @@ pub(crate) fn parse_chaos(text: &str, seed: u64, until_step: u64) -> Result<Faul
             "kill" => Ok(FaultKind::Kill),
             "pause" => Ok(FaultKind::Pause),
             "partition" => Ok(FaultKind::Partition),
+            "nan" => Ok(FaultKind::Nan),
             other => Err(format!(
-                "unknown fault kind {other:?} (kill, pause, partition)"
+                "unknown fault kind {other:?} (kill, pause, partition, nan)"
             )),
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -67,6 +76,13 @@ fn spec(opts: &TrainOptions) -> anyhow::Result<JobSpec> {
                 momentum: 0.9,
             },
         ),
+        "mlp-small" => (
+            ModelSpec::mlp_small(),
+            OptimSpec::Sgd {
+                lr: 0.05,
+                momentum: 0.9,
+            },
+        ),
         "gpt" => (
             ModelSpec::gpt(opts.data.clone()),
             OptimSpec::AdamW {
@@ -74,7 +90,7 @@ fn spec(opts: &TrainOptions) -> anyhow::Result<JobSpec> {
                 weight_decay: 0.01,
             },
         ),
-        other => anyhow::bail!("unknown model {other:?} (mlp, gpt)"),
+        other => anyhow::bail!("unknown model {other:?} (gpt, mlp, mlp-small)"),
     };
     Ok(JobSpec {
         model,
@@ -84,10 +100,45 @@ fn spec(opts: &TrainOptions) -> anyhow::Result<JobSpec> {
     })
 }
 
+/// The file of a run directory that records its job's spec.
+pub(crate) const JOB_FILE: &str = "job.json";
+
+/// Records the job's spec in its run directory (`job.json`), or checks it
+/// against the one there: a run directory resumes only the job it holds
+/// (another model, seed or world would load a checkpoint that does not fit,
+/// or silently train a different job on from it).
+fn check_run_dir(dir: &std::path::Path, spec: &JobSpec) -> anyhow::Result<()> {
+    let path = dir.join(JOB_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let held: JobSpec = serde_json::from_slice(&bytes)
+                .map_err(|e| anyhow::anyhow!("{} is not a job spec: {e}", path.display()))?;
+            if held != *spec {
+                anyhow::bail!(
+                    "{} holds another job ({held:?}) than this one ({spec:?}): use another --run-dir",
+                    dir.display()
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+            let tmp = dir.join(format!(".{JOB_FILE}.tmp"));
+            std::fs::write(&tmp, serde_json::to_vec_pretty(spec)?)
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            Ok(())
+        }
+        Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+    }
+}
+
 /// Runs the job; returns whether `--verify` (if asked) found the weights
 /// equal.
 pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
     let spec = spec(&opts)?;
+    check_run_dir(&opts.run_dir, &spec)?;
     let mut config = JobConfig::new(spec.clone(), opts.steps, opts.run_dir.clone());
     config.checkpoint_every = opts.checkpoint_every;
     config.step_timeout = opts.step_timeout;
@@ -96,6 +147,13 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         "mesh" => Decision::RestartMesh,
         other => anyhow::bail!("unknown policy {other:?} (member, mesh)"),
     };
+    config.on_nan = match opts.on_nan.as_str() {
+        "skip" => NanPolicy::Skip,
+        "restore" => NanPolicy::Restore,
+        other => anyhow::bail!("unknown non-finite policy {other:?} (skip, restore)"),
+    };
+    config.nan_at = opts.nan_at.clone();
+    config.threads = opts.threads;
     // Faults stop a few steps before the end, so the run ends.
     let until = opts.steps.saturating_sub(opts.steps / 10);
     config.faults = opts
@@ -106,7 +164,7 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         .map_err(anyhow::Error::msg)?;
     println!(
         "regent train: {} on {} procs, {} steps, checkpoints every {} in {}, faults: {}",
-        spec.model.name(),
+        opts.model,
         opts.procs,
         opts.steps,
         opts.checkpoint_every,
@@ -128,11 +186,11 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         .is_some_and(|f| f.kinds.contains(&FaultKind::Partition));
     let mut chaos_cluster = None;
     let cluster = if partitions {
-        let c = regent_chaos::ChaosCluster::start(
-            regent_chaos::ClusterConfig::default(),
-            regent_chaos::Seed(opts.seed),
-        )
-        .await?;
+        let c = regent_chaos::ClusterConfig {
+            runtime: JobCluster::runtime_config(),
+            ..regent_chaos::ClusterConfig::default()
+        };
+        let c = regent_chaos::ChaosCluster::start(c, regent_chaos::Seed(opts.seed)).await?;
         let network = c.network().clone();
         let chaos_alloc = c.allocator().clone();
         let isolate: Isolate = Arc::new(move |proc, cut| {
@@ -155,7 +213,7 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         chaos_cluster = Some(c);
         cluster
     } else {
-        JobCluster::local(regent_mesh::RuntimeConfig::default()).await?
+        JobCluster::local(JobCluster::runtime_config()).await?
     };
     let report = run_job(config, cluster, |e| match e {
         JobEvent::Started { step, parameters } => {
@@ -185,29 +243,117 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
             "checkpoint at step {step} ({:.1} MB)",
             bytes as f64 / 1e6
         )),
+        JobEvent::NonFinite { step, policy } => bar.println(format!(
+            "  step {step}: the loss or the mean gradient is not finite ({})",
+            policy.name()
+        )),
     })
-    .await?;
+    .await;
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            bar.abandon();
+            if let Some(c) = chaos_cluster {
+                c.shutdown(Duration::from_secs(5)).await;
+            }
+            return Err(e.into());
+        }
+    };
     bar.finish_and_clear();
     if let Some(c) = chaos_cluster {
         c.shutdown(Duration::from_secs(5)).await;
     }
     println!("{report}");
-    if !opts.verify {
-        return Ok(true);
-    }
-    let expected = tokio::task::spawn_blocking(move || reference(&spec, opts.steps, 1)).await??;
-    let got = report.state()?;
-    match expected.first_difference(&got)? {
-        None => {
-            println!(
-                "  verify: the final weights equal the fault-free reference's bit for bit ({} steps)",
-                opts.steps
-            );
-            Ok(true)
+    let verdict = if opts.verify {
+        let skipped = report.skipped.clone();
+        let (steps, threads) = (opts.steps, opts.threads);
+        let expected = tokio::task::spawn_blocking(move || {
+            reference_with_skips(&spec, steps, threads, &skipped)
+        })
+        .await??;
+        let got = report.state()?;
+        let difference = expected.first_difference(&got)?;
+        match &difference {
+            None => println!(
+                "  verify: the final weights equal the fault-free reference's bit for bit ({} steps{})",
+                opts.steps,
+                if report.skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!(", skipping {:?}", report.skipped)
+                }
+            ),
+            Some(d) => {
+                println!("  verify: the final weights DIFFER from the fault-free reference: {d:?}")
+            }
         }
-        Some(d) => {
-            println!("  verify: the final weights DIFFER from the fault-free reference: {d:?}");
-            Ok(false)
-        }
+        Some(difference.map(|d| format!("{d:?}")))
+    } else {
+        None
+    };
+    if let Some(path) = &opts.report_json {
+        let json = report_json(&opts, &report, verdict.as_ref());
+        let text = serde_json::to_string_pretty(&json)?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     }
+    Ok(!matches!(verdict, Some(Some(_))))
+}
+
+/// The report as JSON (`--report-json`); durations in milliseconds.
+/// `verify` is `null` without `--verify`, else `{"equal": bool,
+/// "difference": null | "where the first bits differ"}`.
+fn report_json(
+    opts: &TrainOptions,
+    report: &Report,
+    verdict: Option<&Option<String>>,
+) -> serde_json::Value {
+    let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+    let list = |v: &[Duration]| v.iter().map(ms).collect::<Vec<f64>>();
+    let p = |v: &[Duration], q: f64| percentile(v, q).map(|d| ms(&d));
+    let faults: serde_json::Map<String, serde_json::Value> = report
+        .faults
+        .iter()
+        .map(|(k, n)| (k.name().to_string(), serde_json::Value::from(*n)))
+        .collect();
+    serde_json::json!({
+        "model": opts.model,
+        "procs": opts.procs,
+        "policy": opts.policy,
+        "on_nan": opts.on_nan,
+        "seed": opts.seed,
+        "steps": report.steps,
+        "start_step": report.start_step,
+        "committed": report.steps - report.start_step,
+        "failed_steps": report.failed_steps,
+        "replayed": report.replayed,
+        "faults": faults,
+        "failures": report.failures,
+        "generation": report.generation,
+        "hung": report.hung,
+        "heals": report.heals.len(),
+        "heal_bytes": report.heals.iter().map(|(b, _)| b).sum::<u64>(),
+        "heal_ms": report.heals.iter().map(|(_, d)| ms(d)).collect::<Vec<_>>(),
+        "restores": report.restores,
+        "nonfinite": report.nonfinite,
+        "skipped": report.skipped,
+        "nan_restores": report.nan_restores,
+        "checkpoints": report.checkpoints.len(),
+        "checkpoint_bytes": report.checkpoints.iter().map(|(b, _)| b).sum::<u64>(),
+        "checkpoint_ms": report.checkpoints.iter().map(|(_, d)| ms(d)).collect::<Vec<_>>(),
+        "detection_ms": list(&report.detection),
+        "undetected": report.undetected,
+        "recovery_ms": list(&report.recovery),
+        "recovery_p50_ms": p(&report.recovery, 50.0),
+        "recovery_p99_ms": p(&report.recovery, 99.0),
+        "useful_s": report.useful.as_secs_f64(),
+        "wall_s": report.wall.as_secs_f64(),
+        "goodput": report.goodput(),
+        "final_loss": report.final_loss,
+        "final_state": report.final_state,
+        "verify": verdict.map(|d| serde_json::json!({
+            "equal": d.is_none(),
+            "difference": d,
+        })),
+    })
 }

@@ -85,4 +85,19 @@ pub enum Error {
     /// within its retries).
     #[error("the job stopped: {0}")]
     Job(String),
+    /// A step's loss or mean gradient was not finite again after the job
+    /// restored the last checkpoint and replayed up to it (the `restore`
+    /// policy): the divergence is deterministic (the data or the model, not
+    /// a transient fault), and restoring again would loop.
+    #[error(
+        "step {step} is not finite again after restoring the checkpoint at step {restored_from} \
+         and replaying: the divergence is deterministic, so the job stops rather than loop \
+         (the skip policy drops the step instead)"
+    )]
+    NonFinite {
+        /// The step.
+        step: u64,
+        /// The step of the checkpoint that was restored.
+        restored_from: u64,
+    },
 }

@@ -146,6 +146,15 @@ impl<M: Model, D: DataSource> Replica<M, D> {
         Ok(())
     }
 
+    /// Drops the current step: its batch is skipped and the step counter
+    /// advances; nothing else changes (no optimizer update, no optimizer
+    /// state). A job skips a step whose mean gradient is not finite this
+    /// way, on every rank and in the reference alike.
+    pub fn skip_step(&mut self) -> Result<(), Error> {
+        self.step = self.next_step()?;
+        Ok(())
+    }
+
     /// One step of one process on the whole global batch (the baseline a
     /// data-parallel job is compared with): forward and backward on the
     /// global batch, the optimizer update from its gradient. Bit for bit

@@ -12,6 +12,9 @@ pub mod spec;
 pub mod store;
 pub mod trainer;
 
-pub use run::{FaultKind, FaultPlan, JobCluster, JobConfig, JobEvent, Report, run_job};
+pub use run::{
+    FaultKind, FaultPlan, JobCluster, JobConfig, JobEvent, NanPolicy, Report, reference,
+    reference_with_skips, run_job,
+};
 pub use spec::{AnyReplica, JobSpec, ModelSpec, OptimSpec};
 pub use trainer::{Trainer, TrainerArgs, TrainerMsg, TrainerReply};

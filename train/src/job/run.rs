@@ -4,7 +4,9 @@
 //! committed only if every rank computed it; otherwise nothing is applied,
 //! the mesh's supervision replaces what failed, the laggards heal from a
 //! live peer (or, after a gang restart, everyone restores the checkpoint),
-//! and the step is redone. Faults can be injected on a seeded schedule.
+//! and the step is redone. A step whose loss or mean gradient is not finite
+//! is skipped by every rank or undone by restoring the last checkpoint
+//! ([`NanPolicy`]). Faults can be injected on a seeded schedule.
 //!
 //! Because the data of a step is a pure function of (seed, step, rank) and
 //! the all-reduce sums in rank order, a run with faults ends with the same
@@ -35,6 +37,9 @@ pub enum FaultKind {
     /// Cut a proc off from everyone for a while (the cluster must be able
     /// to: [`JobCluster::isolate`]).
     Partition,
+    /// Put a NaN into one rank's gradient of the next step (a step never
+    /// poisoned before: a transient fault hits a step once).
+    Nan,
 }
 
 impl FaultKind {
@@ -44,9 +49,37 @@ impl FaultKind {
             Self::Kill => "kill",
             Self::Pause => "pause",
             Self::Partition => "partition",
+            Self::Nan => "nan",
         }
     }
 }
+
+/// What the job does with a step whose loss or mean gradient is not finite
+/// (every rank sees the same mean, so every rank agrees on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NanPolicy {
+    /// Every rank drops the step's update; the step counter (and with it
+    /// the data, a function of the step) moves past the batch. The report
+    /// lists the skipped steps; the reference skips them too.
+    Skip,
+    /// Every rank restores the last checkpoint (the last good state) and
+    /// the steps since are replayed. The same step non-finite again after
+    /// that is deterministic: the job fails ([`Error::NonFinite`]).
+    Restore,
+}
+
+impl NanPolicy {
+    /// Its name in `--on-nan` and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Skip => "skip",
+            Self::Restore => "restore",
+        }
+    }
+}
+
+/// Most steps [`JobConfig::nan_at`] may name.
+pub const MAX_NAN_AT: usize = 1024;
 
 /// Cuts a proc off from everyone (`true`) or heals it (`false`).
 pub type Isolate = Arc<dyn Fn(&regent_net::ProcId, bool) + Send + Sync>;
@@ -64,6 +97,20 @@ pub struct JobCluster {
 }
 
 impl JobCluster {
+    /// The controller settings a job's cluster should use: the defaults
+    /// with an owner lease of 5 s (the procs of a controller that died stop
+    /// within it, so a controller started again on the same run directory
+    /// has no leftover to race with; a shorter one ends procs that were
+    /// only paused for a couple of seconds) and a failure timeout of 3 s
+    /// (1 s of silence is reached by healthy procs on loaded cores, each a
+    /// false failure and a needless restart; kills are seen at once by the
+    /// allocator, and hung ranks by the step deadline).
+    pub fn runtime_config() -> RuntimeConfig {
+        let mut config = RuntimeConfig::default().owner_lease(Duration::from_secs(5));
+        config.endpoint.failure_timeout = Duration::from_secs(3);
+        config
+    }
+
     /// A controller with `config` and procs of this binary on this machine.
     pub async fn local(config: RuntimeConfig) -> Result<Self, Error> {
         let runtime = Runtime::start(config).await?;
@@ -114,11 +161,21 @@ pub struct JobConfig {
     pub threads: i32,
     /// Faults to inject.
     pub faults: Option<FaultPlan>,
+    /// What a step with a non-finite loss or mean gradient does.
+    pub on_nan: NanPolicy,
+    /// Most non-finite steps in a row the skip policy drops before the job
+    /// fails (a diverged model would skip forever).
+    pub max_consecutive_skips: u32,
+    /// Fault injection: steps whose gradient on rank `step % world` is
+    /// poisoned with a NaN every time they are computed (a bad batch: the
+    /// same step fails again when it is replayed). At most [`MAX_NAN_AT`].
+    pub nan_at: Vec<u64>,
 }
 
 impl JobConfig {
     /// A job of `steps` steps of `spec` with defaults: no checkpoints, restart
-    /// the failed member, a 30 s step deadline, one thread per member.
+    /// the failed member, a 30 s step deadline, one thread per member, skip
+    /// non-finite steps (at most 16 in a row).
     pub fn new(spec: JobSpec, steps: u64, run_dir: PathBuf) -> Self {
         Self {
             spec,
@@ -129,6 +186,9 @@ impl JobConfig {
             step_timeout: Duration::from_secs(30),
             threads: 1,
             faults: None,
+            on_nan: NanPolicy::Skip,
+            max_consecutive_skips: 16,
+            nan_at: Vec::new(),
         }
     }
 }
@@ -170,6 +230,14 @@ pub enum JobEvent {
         /// Its size.
         bytes: u64,
     },
+    /// A step's loss or mean gradient was not finite; the policy says what
+    /// happened to it.
+    NonFinite {
+        /// The step.
+        step: u64,
+        /// The policy applied.
+        policy: NanPolicy,
+    },
 }
 
 /// What a finished job reports.
@@ -183,8 +251,13 @@ pub struct Report {
     pub faults: Vec<(FaultKind, u32)>,
     /// Failures the supervision saw.
     pub failures: u32,
-    /// From each injected fault to the first failure seen after it.
+    /// From each injected fault to the first failure seen after it (by the
+    /// supervision, the step deadline or the finiteness check) and before
+    /// the next fault.
     pub detection: Vec<Duration>,
+    /// Injected faults after which no failure was seen before the next
+    /// one (a pause that ended before any deadline passed).
+    pub undetected: u32,
     /// From each injected fault to the next committed step.
     pub recovery: Vec<Duration>,
     /// Steps done again (after a restore from a checkpoint).
@@ -195,8 +268,19 @@ pub struct Report {
     pub heals: Vec<(u64, Duration)>,
     /// Checkpoints: bytes and durations.
     pub checkpoints: Vec<(u64, Duration)>,
-    /// Restores from a checkpoint.
+    /// Restores from a checkpoint because no live member held the committed
+    /// state (a gang restart).
     pub restores: u32,
+    /// Steps found non-finite, one entry per time (a replayed step may
+    /// appear again).
+    pub nonfinite: Vec<u64>,
+    /// Steps skipped by the skip policy (the reference skips them too).
+    pub skipped: Vec<u64>,
+    /// Restores from a checkpoint after a non-finite step (the restore
+    /// policy).
+    pub nan_restores: u32,
+    /// Ranks the step deadline found hung (their procs were killed).
+    pub hung: u32,
     /// Time in committed steps (first-time ones).
     pub useful: Duration,
     /// The whole run.
@@ -280,8 +364,9 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  detection (fault to failure seen):   {}",
-            stats(&self.detection)
+            "  detection (fault to failure seen):   {}; {} unseen",
+            stats(&self.detection),
+            self.undetected
         )?;
         writeln!(
             f,
@@ -300,6 +385,14 @@ impl std::fmt::Display for Report {
             b as f64 / 1e6,
             t.as_secs_f64() * 1e3,
             self.restores
+        )?;
+        writeln!(
+            f,
+            "  hung ranks killed at the step deadline: {}; non-finite steps: {} (skipped {:?}, restores {})",
+            self.hung,
+            self.nonfinite.len(),
+            self.skipped,
+            self.nan_restores
         )?;
         let (n, b, t) = sum(&self.checkpoints);
         writeln!(
@@ -323,15 +416,47 @@ impl std::fmt::Display for Report {
     }
 }
 
-/// Shared records of the fault injector and the failure watcher.
+/// Shared records of the fault injector, the failure watcher and the
+/// controller's loop.
 #[derive(Default)]
 struct Log {
     faults: Vec<(Instant, FaultKind)>,
+    /// Failures the supervision saw.
     failures: Vec<Instant>,
+    /// Every failure seen, by the supervision, the step deadline or the
+    /// finiteness check (a fault's detection is the first after it).
+    seen: Vec<Instant>,
+    /// A rank to poison at the next step not poisoned before (a `nan`
+    /// fault waiting for its step).
+    poison: Option<u32>,
 }
 
 fn answers(vm: &regent_mesh::ValueMesh<TrainerReply>) -> Vec<&TrainerReply> {
     vm.values().iter().map(|(_, r)| r).collect()
+}
+
+/// Holds a run directory's lock (`lock`, an advisory exclusive lock the
+/// kernel drops when the process dies): two live controllers never drive
+/// one run directory, and one started after a controller died gets it.
+fn lock_run_dir(dir: &std::path::Path) -> Result<std::fs::File, Error> {
+    let err = |message: String| Error::RunDir {
+        path: dir.to_owned(),
+        message,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))
+        .map_err(|e| err(format!("cannot open its lock: {e}")))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(err(
+            "another controller runs a job in this run directory".into(),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(err(format!("cannot lock it: {e}"))),
+    }
 }
 
 /// Runs a job on `cluster` to its last step; `events` hears of its
@@ -342,6 +467,13 @@ pub async fn run_job(
     mut events: impl FnMut(JobEvent),
 ) -> Result<Report, Error> {
     let t0 = Instant::now();
+    if config.nan_at.len() > MAX_NAN_AT {
+        return Err(Error::Config(format!(
+            "{} steps to poison: at most {MAX_NAN_AT}",
+            config.nan_at.len()
+        )));
+    }
+    let _lock = lock_run_dir(&config.run_dir)?;
     let world = config.spec.world;
     let alloc = cluster.allocator.clone();
     let procs = cluster
@@ -351,16 +483,29 @@ pub async fn run_job(
             Shape::new([("procs", world as usize)]).map_err(regent_mesh::MeshError::from)?,
         )
         .await?;
+    // A collective gives up a quarter before the step deadline, so the
+    // ranks waiting for a hung peer answer (a broken collective) and only
+    // the hung rank is left without an answer when the deadline passes.
+    let collective = config.step_timeout.saturating_sub(config.step_timeout / 4);
     let args = TrainerArgs {
         spec: config.spec.clone(),
         run_dir: config.run_dir.clone(),
         threads: config.threads,
-        collective_timeout_ms: u64::try_from(config.step_timeout.as_millis()).unwrap_or(u64::MAX),
+        collective_timeout_ms: u64::try_from(collective.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1),
     };
     let policy = MeshPolicy::new(config.on_failure).intensity(1000, Duration::from_secs(60));
-    let mesh: ActorMesh<Trainer> = procs
+    let mesh: ActorMesh<Trainer> = match procs
         .spawn_with("trainers", 1, &args, SpawnOptions::new().policy(policy))
-        .await?;
+        .await
+    {
+        Ok(mesh) => mesh,
+        Err(e) => {
+            let _ = procs.stop(Duration::from_secs(2)).await;
+            return Err(e.into());
+        }
+    };
     let log = Arc::new(Mutex::new(Log::default()));
     let mut report = Report::default();
     let result = drive(
@@ -380,6 +525,27 @@ pub async fn run_job(
     result.map(|()| report)
 }
 
+/// The rank a step's poison goes to, if any: a `nan_at` step every time,
+/// else a waiting `nan` fault once, on a step never poisoned before.
+fn poison_for(
+    config: &JobConfig,
+    log: &Mutex<Log>,
+    poisoned: &mut std::collections::BTreeSet<u64>,
+    step: u64,
+) -> Option<u32> {
+    let world = u64::from(config.spec.world.max(1));
+    if config.nan_at.contains(&step) {
+        // Invariant: the remainder of a division by a `u32` fits one.
+        return Some(u32::try_from(step % world).expect("a remainder below a u32"));
+    }
+    if poisoned.contains(&step) {
+        return None;
+    }
+    let rank = log.lock().expect("log lock").poison.take()?;
+    poisoned.insert(step);
+    Some(rank)
+}
+
 async fn drive(
     config: &JobConfig,
     cluster: &JobCluster,
@@ -389,7 +555,6 @@ async fn drive(
     report: &mut Report,
     events: &mut impl FnMut(JobEvent),
 ) -> Result<(), Error> {
-    let all = Selection::All;
     // Resume from the newest checkpoint, or start at the initial state.
     let mut committed = restore(mesh).await?;
     report.start_step = committed;
@@ -403,9 +568,23 @@ async fn drive(
         let log = log.clone();
         let mut failures = mesh.failures();
         tokio::spawn(async move {
-            while let Ok(f) = failures.recv().await {
-                let _ = &f;
-                log.lock().expect("log lock").failures.push(Instant::now());
+            loop {
+                match failures.recv().await {
+                    Ok(_) => {
+                        let mut l = log.lock().expect("log lock");
+                        let now = Instant::now();
+                        l.failures.push(now);
+                        l.seen.push(now);
+                    }
+                    // Missed ones still count (as one, seen now).
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        let mut l = log.lock().expect("log lock");
+                        let now = Instant::now();
+                        l.failures.push(now);
+                        l.seen.push(now);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
             }
         })
     };
@@ -423,124 +602,17 @@ async fn drive(
             committed_now.clone(),
         ))
     });
-    let mut failures_seen = 0;
-    let mut best = committed;
-    let mut pending_faults: Vec<Instant> = Vec::new();
-    let mut seen_faults = 0;
-    let mut checkpoint_due = false;
-    while committed < config.steps {
-        // Faults injected since the last look wait for the next commit.
-        {
-            let l = log.lock().expect("log lock");
-            pending_faults.extend(l.faults[seen_faults..].iter().map(|(t, _)| *t));
-            seen_faults = l.faults.len();
-            for f in &l.failures[failures_seen..] {
-                events(JobEvent::Failure(format!(
-                    "failure at +{:.2}s",
-                    f.duration_since(l.failures[0]).as_secs_f64()
-                )));
-            }
-            failures_seen = l.failures.len();
-        }
-        let g = mesh.generation();
-        let t = Instant::now();
-        let vm = mesh
-            .call_within(
-                &all,
-                &TrainerMsg::Compute { step: committed },
-                config.step_timeout,
-            )
-            .await?;
-        let computed = vm.is_complete()
-            && answers(&vm)
-                .iter()
-                .all(|r| matches!(r, TrainerReply::Computed { step, .. } if *step == committed));
-        let loss: f64 = answers(&vm)
-            .iter()
-            .map(|r| match r {
-                TrainerReply::Computed { loss, .. } => *loss,
-                _ => 0.0,
-            })
-            .sum();
-        if computed && loss.is_finite() {
-            // Every rank has the same mean: every rank applies it.
-            let delivered = mesh
-                .cast(&all, &TrainerMsg::Commit { step: committed })
-                .await?;
-            committed += 1;
-            committed_now.store(committed, std::sync::atomic::Ordering::Relaxed);
-            let time = t.elapsed();
-            if committed > best {
-                report.useful += time;
-                best = committed;
-            }
-            report.losses.push((committed, loss));
-            report.final_loss = loss;
-            events(JobEvent::Step {
-                step: committed,
-                loss,
-                time,
-                generation: g.0,
-            });
-            let now = Instant::now();
-            report
-                .recovery
-                .extend(pending_faults.drain(..).map(|f| now.duration_since(f)));
-            if !delivered.is_complete() {
-                recover(config, mesh, procs, g, committed, report, events).await?;
-                continue;
-            }
-            if config.checkpoint_every > 0 && committed % config.checkpoint_every == 0 {
-                checkpoint_due = true;
-            }
-            if checkpoint_due {
-                match mesh.call_one(Rank(0), &TrainerMsg::Checkpoint).await {
-                    Ok(TrainerReply::Checkpointed { step, bytes, ms }) => {
-                        checkpoint_due = false;
-                        report
-                            .checkpoints
-                            .push((bytes, Duration::from_secs_f64(ms / 1e3)));
-                        events(JobEvent::Checkpoint { step, bytes });
-                    }
-                    Ok(other) => {
-                        return Err(Error::Job(format!(
-                            "unexpected answer to a checkpoint: {other:?}"
-                        )));
-                    }
-                    // Rank 0 failed meanwhile: recover, and write it after.
-                    Err(regent_mesh::MeshError::Members(_)) => {
-                        committed =
-                            recover(config, mesh, procs, g, committed, report, events).await?;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        } else {
-            report.failed_steps += 1;
-            // Ranks that did not answer in time while their procs still run
-            // are hung: kill them, and the supervision replaces them.
-            if mesh.generation() == g && matches!(mesh.status(), MeshStatus::Running) {
-                let hung: Vec<Rank> = vm
-                    .failed()
-                    .iter()
-                    .filter(|(_, e)| matches!(e, regent_mesh::MemberError::Timeout))
-                    .map(|(r, _)| *r)
-                    .collect();
-                for r in hung {
-                    if let Some(p) = mesh.procs().get(r.0 as usize) {
-                        tracing::warn!(rank = r.0, proc = %p.proc, "a hung rank is killed");
-                        let _ = procs.allocator().signal(&p.proc, ProcSignal::Kill).await;
-                    }
-                }
-            }
-            let before = committed;
-            committed = recover(config, mesh, procs, g, committed, report, events).await?;
-            if committed < before {
-                report.replayed += before - committed;
-            }
-            committed_now.store(committed, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
+    let result = steps(
+        config,
+        mesh,
+        procs,
+        log,
+        report,
+        events,
+        &mut committed,
+        &committed_now,
+    )
+    .await;
     if let Some(i) = injector {
         i.abort();
     }
@@ -549,15 +621,25 @@ async fn drive(
     {
         let l = log.lock().expect("log lock");
         let mut counts: std::collections::BTreeMap<FaultKind, u32> = Default::default();
-        for (t, k) in &l.faults {
+        for (i, (t, k)) in l.faults.iter().enumerate() {
             *counts.entry(*k).or_default() += 1;
-            if let Some(seen) = l.failures.iter().find(|f| *f >= t) {
-                report.detection.push(seen.duration_since(*t));
+            // The first failure seen after the fault and before the next
+            // one; a fault nothing saw (a pause that ended before any
+            // deadline) is counted apart.
+            let next = l.faults.get(i + 1).map(|(n, _)| *n);
+            match l
+                .seen
+                .iter()
+                .find(|f| *f >= t && next.is_none_or(|n| **f < n))
+            {
+                Some(seen) => report.detection.push(seen.duration_since(*t)),
+                None => report.undetected += 1,
             }
         }
         report.faults = counts.into_iter().collect();
         report.failures = l.failures.len() as u32;
     }
+    result?;
     match mesh.call_one(Rank(0), &TrainerMsg::Final).await? {
         TrainerReply::Final { path, .. } => report.final_state = path,
         other => {
@@ -569,8 +651,275 @@ async fn drive(
     Ok(())
 }
 
-/// Every member takes the newest checkpoint (or the initial state); the
-/// step they are at.
+/// The controller's loop: steps from `committed` to the job's last.
+#[allow(clippy::too_many_arguments)]
+async fn steps(
+    config: &JobConfig,
+    mesh: &ActorMesh<Trainer>,
+    procs: &ProcMesh,
+    log: &Arc<Mutex<Log>>,
+    report: &mut Report,
+    events: &mut impl FnMut(JobEvent),
+    committed: &mut u64,
+    committed_now: &std::sync::atomic::AtomicU64,
+) -> Result<(), Error> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let all = Selection::All;
+    let mut failures_seen = 0;
+    let mut best = *committed;
+    let mut pending_faults: Vec<Instant> = Vec::new();
+    let mut seen_faults = 0;
+    let mut checkpoint_due = false;
+    let mut poisoned = std::collections::BTreeSet::new();
+    let mut consecutive_skips = 0u32;
+    // The non-finite step the restore policy last restored for, and the
+    // checkpoint's step: the same step non-finite again is deterministic.
+    let mut nan_restored: Option<(u64, u64)> = None;
+    // The members' communicator: a new one (on channels of its own) after
+    // every failed step.
+    let mut epoch = 0u32;
+    // A checkpoint due at the last step is written too (after a recovery
+    // when rank 0 failed while writing it).
+    while *committed < config.steps || checkpoint_due {
+        if *committed < config.steps {
+            // Faults injected since the last look wait for the next commit.
+            {
+                let l = log.lock().expect("log lock");
+                pending_faults.extend(l.faults[seen_faults..].iter().map(|(t, _)| *t));
+                seen_faults = l.faults.len();
+                for f in &l.failures[failures_seen..] {
+                    events(JobEvent::Failure(format!(
+                        "failure at +{:.2}s",
+                        f.duration_since(l.failures[0]).as_secs_f64()
+                    )));
+                }
+                failures_seen = l.failures.len();
+            }
+            let step = *committed;
+            let g = mesh.generation();
+            let t = Instant::now();
+            let poison = poison_for(config, log, &mut poisoned, step);
+            let vm = mesh
+                .call_within(
+                    &all,
+                    &TrainerMsg::Compute {
+                        step,
+                        epoch,
+                        poison,
+                    },
+                    config.step_timeout,
+                )
+                .await?;
+            let computed = vm.is_complete()
+                && answers(&vm)
+                    .iter()
+                    .all(|r| matches!(r, TrainerReply::Computed { step: s, .. } if *s == step));
+            let loss: f64 = answers(&vm)
+                .iter()
+                .map(|r| match r {
+                    TrainerReply::Computed { loss, .. } => *loss,
+                    _ => 0.0,
+                })
+                .sum();
+            let finite = loss.is_finite()
+                && answers(&vm)
+                    .iter()
+                    .all(|r| matches!(r, TrainerReply::Computed { finite: true, .. }));
+            if computed && !finite {
+                report.nonfinite.push(step);
+                log.lock().expect("log lock").seen.push(Instant::now());
+                events(JobEvent::NonFinite {
+                    step,
+                    policy: config.on_nan,
+                });
+                match config.on_nan {
+                    NanPolicy::Skip => {
+                        consecutive_skips += 1;
+                        if consecutive_skips > config.max_consecutive_skips {
+                            return Err(Error::Job(format!(
+                                "steps {}..={step} were all non-finite: more than {} skips in a row \
+                                 (the model diverged)",
+                                step + 1 - u64::from(consecutive_skips),
+                                config.max_consecutive_skips
+                            )));
+                        }
+                        let delivered = mesh.cast(&all, &TrainerMsg::Skip { step }).await?;
+                        *committed += 1;
+                        committed_now.store(*committed, Relaxed);
+                        report.skipped.push(step);
+                        if *committed > best {
+                            best = *committed;
+                        }
+                        if !delivered.is_complete() {
+                            *committed =
+                                recover(config, mesh, procs, g, *committed, report, events).await?;
+                            epoch = epoch.wrapping_add(1);
+                            committed_now.store(*committed, Relaxed);
+                            continue;
+                        }
+                        if config.checkpoint_every > 0
+                            && committed.is_multiple_of(config.checkpoint_every)
+                        {
+                            checkpoint_due = true;
+                        }
+                    }
+                    NanPolicy::Restore => {
+                        if let Some((s, from)) = nan_restored
+                            && s == step
+                        {
+                            return Err(Error::NonFinite {
+                                step,
+                                restored_from: from,
+                            });
+                        }
+                        let restored = restore_everyone(config, mesh).await?;
+                        report.nan_restores += 1;
+                        report.replayed += step.saturating_sub(restored);
+                        nan_restored = Some((step, restored));
+                        *committed = restored;
+                        committed_now.store(*committed, Relaxed);
+                        events(JobEvent::Recovered {
+                            step: restored,
+                            how: format!(
+                                "step {step} was not finite: restored the checkpoint at step {restored}"
+                            ),
+                        });
+                        continue;
+                    }
+                }
+            } else if computed {
+                // Every rank has the same mean: every rank applies it.
+                let delivered = mesh.cast(&all, &TrainerMsg::Commit { step }).await?;
+                *committed += 1;
+                consecutive_skips = 0;
+                if nan_restored.is_some_and(|(s, _)| s < *committed) {
+                    nan_restored = None;
+                }
+                committed_now.store(*committed, Relaxed);
+                let time = t.elapsed();
+                if *committed > best {
+                    report.useful += time;
+                    best = *committed;
+                }
+                report.losses.push((*committed, loss));
+                report.final_loss = loss;
+                events(JobEvent::Step {
+                    step: *committed,
+                    loss,
+                    time,
+                    generation: g.0,
+                });
+                let now = Instant::now();
+                report
+                    .recovery
+                    .extend(pending_faults.drain(..).map(|f| now.duration_since(f)));
+                if !delivered.is_complete() {
+                    *committed =
+                        recover(config, mesh, procs, g, *committed, report, events).await?;
+                    epoch = epoch.wrapping_add(1);
+                    committed_now.store(*committed, Relaxed);
+                    continue;
+                }
+                if config.checkpoint_every > 0 && committed.is_multiple_of(config.checkpoint_every)
+                {
+                    checkpoint_due = true;
+                }
+            } else {
+                report.failed_steps += 1;
+                tracing::info!(
+                    step,
+                    failed = ?vm.failed(),
+                    broken = ?answers(&vm)
+                        .iter()
+                        .filter_map(|r| match r {
+                            TrainerReply::Broken(why) => Some(why.as_str()),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>(),
+                    took_ms = t.elapsed().as_millis() as u64,
+                    "a step failed"
+                );
+                // Ranks that did not answer in time while their procs still run
+                // are hung: kill them, and the supervision replaces them.
+                if mesh.generation() == g && matches!(mesh.status(), MeshStatus::Running) {
+                    let hung: Vec<Rank> = vm
+                        .failed()
+                        .iter()
+                        .filter(|(_, e)| matches!(e, regent_mesh::MemberError::Timeout))
+                        .map(|(r, _)| *r)
+                        .collect();
+                    for r in hung {
+                        if let Some(p) = mesh.procs().get(r.0 as usize) {
+                            tracing::warn!(rank = r.0, proc = %p.proc, "a hung rank is killed");
+                            report.hung += 1;
+                            log.lock().expect("log lock").seen.push(Instant::now());
+                            let _ = procs.allocator().signal(&p.proc, ProcSignal::Kill).await;
+                        }
+                    }
+                }
+                *committed = recover(config, mesh, procs, g, *committed, report, events).await?;
+                // Whoever computed has dropped its communicator.
+                epoch = epoch.wrapping_add(1);
+                committed_now.store(*committed, Relaxed);
+                continue;
+            }
+        }
+        if checkpoint_due {
+            let g = mesh.generation();
+            match mesh.call_one(Rank(0), &TrainerMsg::Checkpoint).await {
+                Ok(TrainerReply::Checkpointed { step, bytes, ms }) => {
+                    checkpoint_due = false;
+                    report
+                        .checkpoints
+                        .push((bytes, Duration::from_secs_f64(ms / 1e3)));
+                    events(JobEvent::Checkpoint { step, bytes });
+                }
+                Ok(other) => {
+                    return Err(Error::Job(format!(
+                        "unexpected answer to a checkpoint: {other:?}"
+                    )));
+                }
+                // Rank 0 failed meanwhile: recover, and write it after.
+                Err(regent_mesh::MeshError::Members(_)) => {
+                    let before = *committed;
+                    *committed =
+                        recover(config, mesh, procs, g, *committed, report, events).await?;
+                    epoch = epoch.wrapping_add(1);
+                    if *committed < before {
+                        // Restored from a checkpoint: its step needs none.
+                        checkpoint_due = false;
+                    }
+                    committed_now.store(*committed, Relaxed);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every member takes the newest checkpoint, again after any member fails
+/// meanwhile (a restore is idempotent); the step they are at.
+async fn restore_everyone(config: &JobConfig, mesh: &ActorMesh<Trainer>) -> Result<u64, Error> {
+    let deadline = Instant::now() + config.step_timeout.max(Duration::from_secs(60)) * 2;
+    loop {
+        let status = mesh
+            .wait_status(Duration::from_secs(30), |s| {
+                matches!(s, MeshStatus::Running) || s.is_done()
+            })
+            .await?;
+        if status.is_done() {
+            return Err(Error::Job(format!("the mesh stopped: {status:?}")));
+        }
+        match restore(mesh).await {
+            Err(Error::Mesh(regent_mesh::MeshError::Members(_))) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 async fn restore(mesh: &ActorMesh<Trainer>) -> Result<u64, Error> {
     let vm = mesh.call(&Selection::All, &TrainerMsg::Restore).await?;
     let steps: Vec<u64> = vm
@@ -605,7 +954,8 @@ async fn recover(
     report: &mut Report,
     events: &mut impl FnMut(JobEvent),
 ) -> Result<u64, Error> {
-    let deadline = Instant::now() + config.step_timeout.max(Duration::from_secs(60)) * 2;
+    let started = Instant::now();
+    let deadline = started + config.step_timeout.max(Duration::from_secs(60)) * 2;
     loop {
         if Instant::now() > deadline {
             return Err(Error::Job("the mesh did not recover in time".into()));
@@ -701,6 +1051,15 @@ async fn recover(
                 at[0].0
             );
         }
+        // Restored from a checkpoint: the steps since come again.
+        report.replayed += committed.saturating_sub(step);
+        tracing::info!(
+            step,
+            %how,
+            took_ms = started.elapsed().as_millis() as u64,
+            generation = mesh.generation().0,
+            "recovered"
+        );
         events(JobEvent::Recovered { step, how });
         return Ok(step);
     }
@@ -734,12 +1093,23 @@ async fn inject(
         if kind == FaultKind::Partition && isolate.is_none() {
             continue;
         }
+        if kind == FaultKind::Nan {
+            let world = mesh.mesh_shape().len().max(1) as u64;
+            let rank = u32::try_from(next() % world).unwrap_or(0);
+            let mut l = log.lock().expect("log lock");
+            if l.poison.is_none() {
+                l.poison = Some(rank);
+                l.faults.push((Instant::now(), kind));
+            }
+            continue;
+        }
         let procs = mesh.procs();
         if procs.is_empty() || !matches!(mesh.status(), MeshStatus::Running) {
             continue;
         }
         let p = (next() % procs.len() as u64) as usize;
         let proc = procs[p].proc.clone();
+        tracing::info!(kind = kind.name(), %proc, "a fault is injected");
         log.lock()
             .expect("log lock")
             .faults
@@ -760,6 +1130,7 @@ async fn inject(
                     isolate(&proc, false);
                 }
             }
+            FaultKind::Nan => {} // handled above
         }
     }
 }
@@ -767,11 +1138,27 @@ async fn inject(
 /// The fault-free single-process reference of a job: `steps` steps of the
 /// same replicas and world, summed in rank order; its final state.
 pub fn reference(spec: &JobSpec, steps: u64, threads: i32) -> Result<TrainState, Error> {
+    reference_with_skips(spec, steps, threads, &[])
+}
+
+/// [`reference()`] of a job whose skip policy dropped the steps `skipped`
+/// ([`Report::skipped`]): those steps advance the counter and apply
+/// nothing, as on every rank of the job.
+pub fn reference_with_skips(
+    spec: &JobSpec,
+    steps: u64,
+    threads: i32,
+    skipped: &[u64],
+) -> Result<TrainState, Error> {
     tch::set_num_threads(threads.max(1));
     let mut replica = spec.build()?;
     let mut reference = crate::Reference::new();
-    for _ in 0..steps {
-        replica.reference_step(&mut reference, spec.world as usize)?;
+    for step in 0..steps {
+        if skipped.contains(&step) {
+            replica.skip_step()?;
+        } else {
+            replica.reference_step(&mut reference, spec.world as usize)?;
+        }
     }
     replica.state()
 }

@@ -57,6 +57,18 @@ impl ModelSpec {
         }
     }
 
+    /// A small MLP (64 → 128 → 128 → 16, 26,896 parameters, global batch
+    /// 64): a step costs little more than the control plane's work, so a
+    /// test can run many steps and faults on loaded cores.
+    pub fn mlp_small() -> Self {
+        Self::Mlp {
+            input: 64,
+            hidden: vec![128, 128],
+            classes: 16,
+            global_batch: 64,
+        }
+    }
+
     /// The default char GPT.
     pub fn gpt(text: Option<PathBuf>) -> Self {
         let g = GptConfig::default();
@@ -235,6 +247,11 @@ impl AnyReplica {
     /// Applies the mean gradients: one optimizer step.
     pub fn apply_mean(&mut self, mean: &[f32]) -> Result<(), Error> {
         each!(self, r => r.apply_mean(mean))
+    }
+
+    /// Drops the current step (the counter advances, nothing is applied).
+    pub fn skip_step(&mut self) -> Result<(), Error> {
+        each!(self, r => r.skip_step())
     }
 
     /// One step on the whole global batch in this process.

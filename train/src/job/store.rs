@@ -6,8 +6,11 @@
 //! loaded. A run directory holds `ckpt-<step>.safetensors` files (the last
 //! [`KEEP_CHECKPOINTS`] of them) and `latest`, which names the newest; each
 //! is written atomically (temporary file, fsync, rename), so a kill while
-//! one is written leaves the previous one in force. If `latest` or the file
-//! it names is damaged, the newest checkpoint that verifies is used.
+//! one is written leaves the previous one in force; the temporary such a
+//! kill leaves behind is removed by the next checkpoint. If `latest` or the
+//! file it names is damaged or missing, the newest checkpoint that verifies
+//! is used; if there are checkpoints and none verifies, loading fails
+//! rather than silently start again from step 0.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -64,7 +67,47 @@ pub fn save_checkpoint(dir: &Path, state: &TrainState) -> Result<(PathBuf, u64),
         .len();
     write_atomic(&dir.join("latest"), ckpt_name(state.step).as_bytes())?;
     prune(dir)?;
+    remove_stale_temporaries(dir);
     Ok((path, bytes))
+}
+
+/// Whether `name` is a temporary of a checkpoint or final-state write
+/// (`.<name>.tmp-<pid>-<n>`, the tensor layer's naming) by another process
+/// than this one.
+fn stale_temporary(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(".ckpt-").or_else(|| {
+        name.strip_prefix(".")
+            .and_then(|n| n.strip_prefix(FINAL_NAME))
+    }) else {
+        return false;
+    };
+    let Some((_, tail)) = rest.split_once(".tmp-") else {
+        return false;
+    };
+    let pid = tail.split('-').next().and_then(|p| p.parse::<u32>().ok());
+    pid.is_some_and(|p| p != std::process::id())
+}
+
+/// Removes the temporaries other processes left (a writer killed before
+/// its rename). Only one process of a job writes to its run directory at a
+/// time (rank 0; a controller holds the run directory's lock), so another
+/// process's temporary is a dead writer's.
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.filter_map(Result::ok) {
+        if e.file_name().to_str().is_some_and(stale_temporary) {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => {
+                    tracing::info!(path = %e.path().display(), "a dead writer's temporary is removed")
+                }
+                Err(err) => {
+                    tracing::warn!(path = %e.path().display(), error = %err, "a dead writer's temporary could not be removed")
+                }
+            }
+        }
+    }
 }
 
 /// The name of a run's final state in its run directory.
@@ -132,9 +175,13 @@ fn prune(dir: &Path) -> Result<(), Error> {
 
 /// The newest checkpoint of the run directory that verifies (the one
 /// `latest` names, or else the newest of the others), loaded; `None` when
-/// there is none.
+/// the directory holds no checkpoint. Checkpoints of which none verifies
+/// are an error: starting again from step 0 would drop the run's progress
+/// without a word.
 pub fn latest_checkpoint(dir: &Path) -> Result<Option<(PathBuf, TrainState)>, Error> {
     let mut candidates = checkpoints(dir)?;
+    let found = candidates.len();
+    let mut last_error = None;
     if let Ok(name) = std::fs::read_to_string(dir.join("latest"))
         && let Some(step) = step_of(name.trim())
         && let Some(i) = candidates.iter().position(|(s, _)| *s == step)
@@ -149,9 +196,19 @@ pub fn latest_checkpoint(dir: &Path) -> Result<Option<(PathBuf, TrainState)>, Er
                 return Ok(Some((path, state)));
             }
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "a damaged checkpoint is skipped")
+                tracing::warn!(path = %path.display(), error = %e, "a damaged checkpoint is skipped");
+                last_error = Some(format!("{}: {e}", path.display()));
             }
         }
     }
-    Ok(None)
+    match last_error {
+        None => Ok(None),
+        Some(e) => Err(run_dir_error(
+            dir,
+            format!("none of its {found} checkpoints verifies (the last: {e})"),
+        )),
+    }
 }
+
+#[cfg(test)]
+mod tests;

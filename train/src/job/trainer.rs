@@ -1,14 +1,23 @@
 //! The member of a training job: one data-parallel replica.
 //!
 //! The controller drives it step by step (see [`super::run`]):
-//! - `Compute { step }`: this rank's gradients of step `step`, the
+//! - `Compute { step, epoch, poison }`: this rank's gradients of step `step`, the
 //!   all-reduce over the mesh (exact: the sum in rank order, then divided by
 //!   the world), kept as pending; the answer is this rank's share of the
-//!   loss. A collective that fails (a peer died, paused, was cut off) is an
-//!   answer, not a failure of this member: nothing is pending then.
+//!   loss and whether the loss and the mean gradient are finite (every rank
+//!   reduces to the same mean, so every rank agrees). A collective that
+//!   fails (a peer died, paused, was cut off) is an answer, not a failure of
+//!   this member: nothing is pending then. The collectives run on a
+//!   communicator of the current generation and `epoch` (a channel of its
+//!   own: the controller moves to a new epoch after a failed step, so a
+//!   message of an abandoned communicator finds its port closed instead of
+//!   confusing the next one). `poison` names a rank that puts a NaN into
+//!   its gradient before the all-reduce (fault injection).
 //! - `Commit { step }` applies the pending mean (one optimizer step); the
-//!   controller sends it only when every rank computed, so every replica
-//!   takes the same step or none does (torchft's should-commit).
+//!   controller sends it only when every rank computed a finite step, so
+//!   every replica takes the same step or none does (torchft's
+//!   should-commit). `Skip { step }` drops it and advances the step counter
+//!   (a non-finite step under the skip policy).
 //! - `Expose` puts the whole state in registered memory and answers its
 //!   handle; `Heal { from }` reads a peer's exposed state one-sidedly and
 //!   takes it (a restarted rank heals from a live peer, not from disk).
@@ -29,8 +38,11 @@ use super::store;
 use crate::reduce::divide_by_world;
 use regent_tensor::transport::mesh::MeshTransport;
 
-/// The data channel the job's collectives use.
-const COLLECTIVE_TAG: u16 = 1;
+/// The data channels the job's collectives use: `COLLECTIVE_TAG_BASE +
+/// epoch % COLLECTIVE_TAGS` (module docs).
+const COLLECTIVE_TAG_BASE: u16 = 1;
+/// How many channel tags the epochs cycle through.
+const COLLECTIVE_TAGS: u32 = 4096;
 
 /// What a trainer is created from.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,6 +65,18 @@ pub enum TrainerMsg {
     Status,
     /// Compute step `step`'s gradients and all-reduce them.
     Compute {
+        /// The step.
+        step: u64,
+        /// The controller's epoch: the communicator (and its channel) to
+        /// use.
+        epoch: u32,
+        /// The rank that puts a NaN into its gradient before the
+        /// all-reduce (fault injection), if any.
+        poison: Option<u32>,
+    },
+    /// Drop step `step` (pending or not) and advance past it: its batch is
+    /// skipped, nothing is applied.
+    Skip {
         /// The step.
         step: u64,
     },
@@ -105,6 +129,8 @@ pub enum TrainerReply {
         compute_ms: f64,
         /// Time in the all-reduce.
         reduce_ms: f64,
+        /// Whether this rank's loss and the mean gradient are finite.
+        finite: bool,
     },
     /// The collective failed (a peer is gone); nothing is pending.
     Broken(String),
@@ -142,8 +168,8 @@ pub struct Trainer {
     replica: AnyReplica,
     args: TrainerArgs,
     world: usize,
-    /// The communicator of the current generation.
-    comm: Option<(regent_net::Generation, Communicator<MeshTransport>)>,
+    /// The communicator of a generation and epoch.
+    comm: Option<(regent_net::Generation, u32, Communicator<MeshTransport>)>,
     pending: Option<(u64, Vec<f32>)>,
     grads: Vec<f32>,
     /// The exposed state, kept registered until replaced.
@@ -152,34 +178,45 @@ pub struct Trainer {
 }
 
 impl Trainer {
+    /// The communicator of the current generation and `epoch`: the one in
+    /// use, or a new one on the epoch's channel.
     async fn communicator(
         &mut self,
         member: &Member,
+        epoch: u32,
     ) -> Result<&mut Communicator<MeshTransport>, String> {
         let generation = member.generation();
         if self
             .comm
             .as_ref()
-            .is_none_or(|(g, c)| *g != generation || c.broken().is_some())
+            .is_none_or(|(g, e, c)| *g != generation || *e != epoch || c.broken().is_some())
         {
             // The old one (and its channel's port) goes before the new one
             // opens.
             self.comm = None;
             let group: Vec<Rank> = (0..self.world as u32).map(Rank).collect();
-            let transport =
-                MeshTransport::new(member, group, COLLECTIVE_TAG).map_err(|e| e.to_string())?;
+            // Invariant: the remainder is below 4096, and 1 + 4095 fits a u16.
+            let tag = COLLECTIVE_TAG_BASE
+                + u16::try_from(epoch % COLLECTIVE_TAGS).expect("a remainder below 4096");
+            let transport = MeshTransport::new(member, group, tag).map_err(|e| e.to_string())?;
             let config = CollectiveConfig::default().timeout(std::time::Duration::from_millis(
                 self.args.collective_timeout_ms,
             ));
             let comm = Communicator::new(transport, config)
                 .await
                 .map_err(|e| e.to_string())?;
-            self.comm = Some((generation, comm));
+            self.comm = Some((generation, epoch, comm));
         }
-        Ok(&mut self.comm.as_mut().expect("set above").1)
+        Ok(&mut self.comm.as_mut().expect("set above").2)
     }
 
-    async fn compute(&mut self, member: &Member, step: u64) -> Result<TrainerReply, ActorError> {
+    async fn compute(
+        &mut self,
+        member: &Member,
+        step: u64,
+        epoch: u32,
+        poison: Option<u32>,
+    ) -> Result<TrainerReply, ActorError> {
         self.pending = None;
         if self.replica.step() != step {
             return Ok(TrainerReply::Broken(format!(
@@ -193,11 +230,18 @@ impl Trainer {
         let loss = self
             .replica
             .rank_gradients(rank, self.world, &mut self.grads)?;
+        if poison == Some(member.rank().0)
+            && let Some(g) = self.grads.first_mut()
+        {
+            // A real NaN in the real gradient: the all-reduce carries it to
+            // every rank's mean.
+            *g = f32::NAN;
+        }
         let share = loss * crate::loss_scale(self.replica.global_batch(), rank, self.world)?
             / self.world as f64;
         let reduce_start = Instant::now();
         let mut sum = Tensor::from_slice(&self.grads);
-        let reduced = match self.communicator(member).await {
+        let reduced = match self.communicator(member, epoch).await {
             Ok(comm) => comm
                 .all_reduce_tensor(&mut sum, ReduceOp::Sum)
                 .await
@@ -209,6 +253,9 @@ impl Trainer {
             return Ok(TrainerReply::Broken(e));
         }
         let reduce_ms = reduce_start.elapsed().as_secs_f64() * 1e3;
+        // The sum is finite exactly when the mean is (the division by the
+        // world cannot overflow or make a NaN).
+        let finite = share.is_finite() && bool::try_from(sum.f_isfinite()?.f_all()?)?;
         let mut mean = Vec::<f32>::try_from(&sum)?;
         divide_by_world(&mut mean, self.world)?;
         self.pending = Some((step, mean));
@@ -217,6 +264,7 @@ impl Trainer {
             loss: share,
             compute_ms: t.elapsed().as_secs_f64() * 1e3,
             reduce_ms,
+            finite,
         })
     }
 
@@ -236,7 +284,17 @@ impl MeshActor for Trainer {
 
     async fn new(member: &Member, args: TrainerArgs) -> Result<Self, ActorError> {
         tch::set_num_threads(args.threads.max(1));
-        tch::set_num_interop_threads(1);
+        // libtorch refuses a second call in a process, and once anything
+        // parallel has run (tch panics then); a restarted member runs `new`
+        // again in the same proc. Inter-op threads change no result (the
+        // models run no inter-op parallel work), so a refusal is only
+        // logged.
+        static INTEROP: std::sync::Once = std::sync::Once::new();
+        INTEROP.call_once(|| {
+            if std::panic::catch_unwind(|| tch::set_num_interop_threads(1)).is_err() {
+                tracing::warn!("libtorch kept its inter-op thread count");
+            }
+        });
         let replica = args.spec.build()?;
         let world = member.size() as usize;
         if world != args.spec.world as usize {
@@ -271,7 +329,18 @@ impl MeshActor for Trainer {
                 pending: self.pending.as_ref().map(|(s, _)| *s),
                 fresh: self.fresh,
             },
-            TrainerMsg::Compute { step } => self.compute(member, step).await?,
+            TrainerMsg::Compute {
+                step,
+                epoch,
+                poison,
+            } => self.compute(member, step, epoch, poison).await?,
+            TrainerMsg::Skip { step } => {
+                if self.replica.step() == step {
+                    self.pending = None;
+                    self.replica.skip_step()?;
+                }
+                TrainerReply::Step(self.replica.step())
+            }
             TrainerMsg::Commit { step } => {
                 match self.pending.take() {
                     Some((s, mean)) if s == step => self.replica.apply_mean(&mean)?,
