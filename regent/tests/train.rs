@@ -282,14 +282,13 @@ fn kills_under_restart_member_heal_from_peers_bit_identical() {
     assert_bit_identical(dir.path(), 300, &[], &r);
 }
 
-/// Two procs: with three or more, the first step after a gang restart
-/// waits to its collective timeout every time (the surviving procs' new
-/// lives do not hear each other; an open issue below this crate), and the
-/// job makes no progress.
+/// Three procs: two survive each kill, and their new lives must reach each
+/// other after the gang restart (they did not while links died with the
+/// runtime of the member that opened them).
 #[test]
 fn gang_restarts_resume_from_the_checkpoint_bit_identical() {
     let dir = RunDir::new("gang");
-    let base = small("2", "400", "10");
+    let base = small("3", "400", "10");
     let r = run_ok(
         &dir,
         "run",
