@@ -88,6 +88,11 @@ enum Command {
         /// Where checkpoints live; the same directory resumes a job.
         #[arg(long, default_value = "regent-run")]
         run_dir: PathBuf,
+        /// Start from step 0: clear the run directory's job first (its
+        /// checkpoints, final state and job record; refused while another
+        /// controller runs in it, or if it holds anything else).
+        #[arg(long)]
+        fresh: bool,
         /// Faults to inject: `KIND[,KIND...][:EVERY]`, kinds `kill`,
         /// `pause` (SIGSTOP, then SIGCONT 2.5 s later), `partition` (a proc
         /// cut off for 2.5 s, through UDP proxies) and `nan` (a NaN in one
@@ -299,6 +304,7 @@ fn main() -> anyhow::Result<()> {
             steps,
             checkpoint_every,
             run_dir,
+            fresh,
             chaos,
             verify,
             policy,
@@ -316,6 +322,7 @@ fn main() -> anyhow::Result<()> {
                 steps,
                 checkpoint_every,
                 run_dir,
+                fresh,
                 chaos,
                 verify,
                 policy,

@@ -25,6 +25,7 @@ pub(crate) struct TrainOptions {
     pub(crate) steps: u64,
     pub(crate) checkpoint_every: u64,
     pub(crate) run_dir: PathBuf,
+    pub(crate) fresh: bool,
     pub(crate) chaos: Option<String>,
     pub(crate) verify: bool,
     pub(crate) policy: String,
@@ -134,10 +135,63 @@ fn check_run_dir(dir: &std::path::Path, spec: &JobSpec) -> anyhow::Result<()> {
     }
 }
 
+/// What a run directory may hold: the job's own files (`regent_train::job`
+/// writes checkpoints `ckpt-*`, `latest`, `final.safetensors`, their
+/// temporaries `.*`, and `lock`; this command writes [`JOB_FILE`]).
+fn is_job_file(name: &str) -> bool {
+    name == JOB_FILE
+        || name == "latest"
+        || name == "lock"
+        || name == "final.safetensors"
+        || name.starts_with("ckpt-")
+        || name.starts_with('.')
+}
+
+/// `--fresh`: clears a run directory of its job, under its lock (so not
+/// while another controller runs in it). A directory holding anything but
+/// a job's files is refused, never cleared.
+fn clear_run_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => anyhow::bail!("cannot read {}: {e}", dir.display()),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !is_job_file(&name) || !entry.file_type()?.is_file() {
+            anyhow::bail!(
+                "--fresh: {} holds {name:?}, which is not a job's file: not clearing it",
+                dir.display()
+            );
+        }
+        names.push(name);
+    }
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    if lock.try_lock().is_err() {
+        anyhow::bail!(
+            "--fresh: another controller runs a job in {}",
+            dir.display()
+        );
+    }
+    for name in names.iter().filter(|n| *n != "lock") {
+        std::fs::remove_file(dir.join(name))?;
+    }
+    Ok(())
+}
+
 /// Runs the job; returns whether `--verify` (if asked) found the weights
 /// equal.
 pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
     let spec = spec(&opts)?;
+    if opts.fresh {
+        clear_run_dir(&opts.run_dir)?;
+    }
     check_run_dir(&opts.run_dir, &spec)?;
     let mut config = JobConfig::new(spec.clone(), opts.steps, opts.run_dir.clone());
     config.checkpoint_every = opts.checkpoint_every;
@@ -356,4 +410,58 @@ fn report_json(
             "difference": d,
         })),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("regent-fresh-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn fresh_clears_a_jobs_files_and_nothing_else() {
+        let d = dir("job");
+        for f in [
+            JOB_FILE,
+            "latest",
+            "ckpt-00000050.safetensors",
+            "final.safetensors",
+            ".ckpt.tmp-1-2",
+        ] {
+            std::fs::write(d.join(f), b"x").unwrap();
+        }
+        clear_run_dir(&d).unwrap();
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, ["lock"], "only the lock is left");
+        // A missing directory is already clear.
+        std::fs::remove_dir_all(&d).unwrap();
+        clear_run_dir(&d).unwrap();
+    }
+
+    #[test]
+    fn fresh_refuses_a_directory_that_holds_other_files_or_a_live_job() {
+        let d = dir("other");
+        std::fs::write(d.join("latest"), b"x").unwrap();
+        std::fs::write(d.join("notes.txt"), b"mine").unwrap();
+        let e = clear_run_dir(&d).unwrap_err().to_string();
+        assert!(e.contains("notes.txt"), "{e}");
+        assert!(d.join("latest").exists() && d.join("notes.txt").exists());
+        // Another controller holds the lock.
+        std::fs::remove_file(d.join("notes.txt")).unwrap();
+        let held = std::fs::File::create(d.join("lock")).unwrap();
+        held.lock().unwrap();
+        let e = clear_run_dir(&d).unwrap_err().to_string();
+        assert!(e.contains("another controller"), "{e}");
+        assert!(d.join("latest").exists());
+        drop(held);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }
