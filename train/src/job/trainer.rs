@@ -44,6 +44,15 @@ const COLLECTIVE_TAG_BASE: u16 = 1;
 /// How many channel tags the epochs cycle through.
 const COLLECTIVE_TAGS: u32 = 4096;
 
+/// Whether every value is finite: in blocks, each folded without a branch
+/// (so that it vectorizes), stopping at the first block with a NaN or an
+/// infinity.
+fn all_finite(values: &[f32]) -> bool {
+    values
+        .chunks(4096)
+        .all(|block| block.iter().fold(true, |all, v| all & v.is_finite()))
+}
+
 /// What a trainer is created from.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrainerArgs {
@@ -253,11 +262,13 @@ impl Trainer {
             return Ok(TrainerReply::Broken(e));
         }
         let reduce_ms = reduce_start.elapsed().as_secs_f64() * 1e3;
-        // The sum is finite exactly when the mean is (the division by the
-        // world cannot overflow or make a NaN).
-        let finite = share.is_finite() && bool::try_from(sum.f_isfinite()?.f_all()?)?;
         let mut mean = Vec::<f32>::try_from(&sum)?;
         divide_by_world(&mut mean, self.world)?;
+        // The mean is finite exactly when the sum is (the division by the
+        // world cannot overflow or make a NaN). One pass over the mean, not
+        // libtorch's `isfinite().all()` (five passes and three temporary
+        // tensors: a fifth of the 4-proc MLP job's CPU per step).
+        let finite = share.is_finite() && all_finite(&mean);
         self.pending = Some((step, mean));
         Ok(TrainerReply::Computed {
             step,
@@ -410,3 +421,25 @@ impl MeshActor for Trainer {
 }
 
 regent_mesh::register_actor!(Trainer);
+
+#[cfg(test)]
+mod tests {
+    use super::all_finite;
+
+    #[test]
+    fn all_finite_finds_a_nan_or_an_infinity_anywhere() {
+        assert!(all_finite(&[]));
+        let mut v: Vec<f32> = (0..10_000).map(|i| i as f32 * 1e30).collect();
+        v.push(f32::MAX);
+        v.push(f32::MIN_POSITIVE / 2.0);
+        assert!(all_finite(&v));
+        // First, inside the first block, on a block's edges, the last.
+        for at in [0, 17, 4095, 4096, 8191, v.len() - 1] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut w = v.clone();
+                w[at] = bad;
+                assert!(!all_finite(&w), "{bad} at {at} was not found");
+            }
+        }
+    }
+}
