@@ -31,7 +31,6 @@ use regent_mesh::{ActorError, Member, MeshActor, Rank};
 use regent_rdma::{LocalBuffer, RemoteBuffer};
 use regent_tensor::{CollectiveConfig, Communicator, ReduceOp};
 use serde::{Deserialize, Serialize};
-use tch::Tensor;
 
 use super::spec::{AnyReplica, JobSpec};
 use super::store;
@@ -180,7 +179,11 @@ pub struct Trainer {
     /// The communicator of a generation and epoch.
     comm: Option<(regent_net::Generation, u32, Communicator<MeshTransport>)>,
     pending: Option<(u64, Vec<f32>)>,
+    /// This rank's gradients, then (in place) the mean.
     grads: Vec<f32>,
+    /// A buffer of the gradient's length a committed mean left (so that a
+    /// step allocates none).
+    spare: Vec<f32>,
     /// The exposed state, kept registered until replaced.
     exposed: Option<LocalBuffer>,
     fresh: bool,
@@ -249,20 +252,29 @@ impl Trainer {
         let share = loss * crate::loss_scale(self.replica.global_batch(), rank, self.world)?
             / self.world as f64;
         let reduce_start = Instant::now();
-        let mut sum = Tensor::from_slice(&self.grads);
+        // Reduced in place (no tensor, no allocation); the sum becomes the
+        // pending mean, and the next step's gradients go into the buffer the
+        // last commit left.
+        let mut grads = std::mem::take(&mut self.grads);
         let reduced = match self.communicator(member, epoch).await {
             Ok(comm) => comm
-                .all_reduce_tensor(&mut sum, ReduceOp::Sum)
+                .all_reduce_f32(&mut grads, ReduceOp::Sum)
                 .await
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         if let Err(e) = reduced {
+            self.grads = grads;
             self.comm = None;
             return Ok(TrainerReply::Broken(e));
         }
         let reduce_ms = reduce_start.elapsed().as_secs_f64() * 1e3;
-        let mut mean = Vec::<f32>::try_from(&sum)?;
+        let len = grads.len();
+        self.grads = match std::mem::take(&mut self.spare) {
+            spare if spare.len() == len => spare,
+            _ => vec![0.0; len],
+        };
+        let mut mean = grads;
         divide_by_world(&mut mean, self.world)?;
         // The mean is finite exactly when the sum is (the division by the
         // world cannot overflow or make a NaN). One pass over the mean, not
@@ -324,6 +336,7 @@ impl MeshActor for Trainer {
             comm: None,
             pending: None,
             grads,
+            spare: Vec::new(),
             exposed: None,
             fresh,
         })
@@ -354,7 +367,10 @@ impl MeshActor for Trainer {
             }
             TrainerMsg::Commit { step } => {
                 match self.pending.take() {
-                    Some((s, mean)) if s == step => self.replica.apply_mean(&mean)?,
+                    Some((s, mean)) if s == step => {
+                        self.replica.apply_mean(&mean)?;
+                        self.spare = mean;
+                    }
                     Some(other) => self.pending = Some(other),
                     None => {}
                 }
