@@ -222,6 +222,7 @@ enum Suite {
     Recovery,
     Rdma,
     Tensor,
+    Train,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -252,6 +253,7 @@ fn main() -> anyhow::Result<()> {
                     Suite::Mesh => bench::mesh::run(opts, &mut report).await,
                     Suite::Recovery => bench::recovery::run(opts, &mut report).await,
                     Suite::Tensor => bench::tensor::run(opts, &mut report).await,
+                    Suite::Train => bench::train::run(opts, &mut report).await,
                 }
             })?;
             if let Some(path) = json {

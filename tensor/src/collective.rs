@@ -585,6 +585,21 @@ fn piece_bytes(len: usize, chunk: usize) -> usize {
     chunk.max(len.div_ceil(MAX_PIECES).next_multiple_of(8))
 }
 
+/// The bytes of `f32`s (native order).
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: an `f32` is 4 bytes without padding, so the slice's memory is
+    // `size_of_val(v)` initialized bytes, borrowed as long as `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// The bytes of `f32`s (native order), writable.
+fn f32_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as in `f32_bytes`; any 4 bytes are a valid `f32`, so writes
+    // through the byte view leave valid values, and the view borrows `v`
+    // mutably.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
 /// A communicator: one member's end of a group for collectives, built on
 /// a [`Transport`]. Members call the same collectives in the same order.
 pub struct Communicator<T> {
@@ -959,6 +974,34 @@ impl<T: Transport> Communicator<T> {
         // buffer any more.
         let src = unsafe { operand.bytes(0..len) };
         plain_bytes_mut(tensor)?.copy_from_slice(src);
+        Ok(())
+    }
+
+    /// [`Self::all_reduce`] of `f32` elements in this process's memory (a
+    /// flat gradient): copied into registered memory owned by the
+    /// communicator and back, with no tensor (and no allocation) in
+    /// between.
+    pub async fn all_reduce_f32(&mut self, data: &mut [f32], op: ReduceOp) -> Result<(), Error> {
+        self.check_usable()?;
+        op.check(DType::F32)?;
+        let len = std::mem::size_of_val(data);
+        let staging = self.ensure(Which::Staging, len)?;
+        let operand = Operand {
+            reg: staging,
+            range: 0..len,
+        };
+        {
+            // SAFETY: the staging buffer is this communicator's; no peer
+            // reads it outside a collective, and none runs now.
+            let dst = unsafe { operand.bytes_mut(0..len) };
+            dst.copy_from_slice(f32_bytes(data));
+        }
+        self.all_reduce_operand(operand.clone(), DType::F32, data.len() as u64, op)
+            .await?;
+        // SAFETY: the collective completed: nobody reads the staging
+        // buffer any more.
+        let src = unsafe { operand.bytes(0..len) };
+        f32_bytes_mut(data).copy_from_slice(src);
         Ok(())
     }
 

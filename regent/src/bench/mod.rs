@@ -23,6 +23,7 @@ pub(crate) mod rdma;
 pub(crate) mod recovery;
 pub(crate) mod supervision;
 pub(crate) mod tensor;
+pub(crate) mod train;
 
 /// Options shared by every suite.
 #[derive(Debug, Clone, Copy)]

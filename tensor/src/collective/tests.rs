@@ -378,6 +378,52 @@ fn auto_picks_inline_for_small_tensors_and_direct_otherwise_and_results_repeat()
 }
 
 #[test]
+fn an_f32_slice_reduces_as_its_tensor_does() {
+    let p = 4;
+    let results = run_group(
+        p,
+        config(Algorithm::Auto, 4096),
+        move |rank, mut comm| async move {
+            // Empty, small (inline) and large (direct), with a NaN in one.
+            for numel in [0usize, 10, 50_000] {
+                let bytes = data(DType::F32, numel, rank as u64);
+                let mut v: Vec<f32> = bytes
+                    .chunks(4)
+                    .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+                    .collect();
+                if rank == 2 && numel > 0 {
+                    v[numel / 2] = f32::NAN;
+                }
+                let mut t = Tensor::from_slice(&v);
+                comm.all_reduce_f32(&mut v, ReduceOp::Sum).await?;
+                comm.all_reduce_tensor(&mut t, ReduceOp::Sum).await?;
+                let got: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
+                assert!(
+                    got == bytes_of(&t),
+                    "{numel} elements differ from the tensor's"
+                );
+                let ins: Vec<Vec<u8>> = (0..p)
+                    .map(|r| {
+                        let mut d = data(DType::F32, numel, r as u64);
+                        if r == 2 && numel > 0 {
+                            d[numel / 2 * 4..numel / 2 * 4 + 4]
+                                .copy_from_slice(&f32::NAN.to_ne_bytes());
+                        }
+                        d
+                    })
+                    .collect();
+                let refs: Vec<&[u8]> = ins.iter().map(|v| &v[..]).collect();
+                assert!(got == crate::serial_fold(ReduceOp::Sum, DType::F32, &refs)?);
+            }
+            Ok(vec![])
+        },
+    );
+    for r in results {
+        r.unwrap();
+    }
+}
+
+#[test]
 fn plain_tensors_point_to_point_and_barriers() {
     let p = 3;
     let results = run_group(

@@ -31,7 +31,6 @@ use regent_mesh::{ActorError, Member, MeshActor, Rank};
 use regent_rdma::{LocalBuffer, RemoteBuffer};
 use regent_tensor::{CollectiveConfig, Communicator, ReduceOp};
 use serde::{Deserialize, Serialize};
-use tch::Tensor;
 
 use super::spec::{AnyReplica, JobSpec};
 use super::store;
@@ -43,6 +42,15 @@ use regent_tensor::transport::mesh::MeshTransport;
 const COLLECTIVE_TAG_BASE: u16 = 1;
 /// How many channel tags the epochs cycle through.
 const COLLECTIVE_TAGS: u32 = 4096;
+
+/// Whether every value is finite: in blocks, each folded without a branch
+/// (so that it vectorizes), stopping at the first block with a NaN or an
+/// infinity.
+fn all_finite(values: &[f32]) -> bool {
+    values
+        .chunks(4096)
+        .all(|block| block.iter().fold(true, |all, v| all & v.is_finite()))
+}
 
 /// What a trainer is created from.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -171,7 +179,11 @@ pub struct Trainer {
     /// The communicator of a generation and epoch.
     comm: Option<(regent_net::Generation, u32, Communicator<MeshTransport>)>,
     pending: Option<(u64, Vec<f32>)>,
+    /// This rank's gradients, then (in place) the mean.
     grads: Vec<f32>,
+    /// A buffer of the gradient's length a committed mean left (so that a
+    /// step allocates none).
+    spare: Vec<f32>,
     /// The exposed state, kept registered until replaced.
     exposed: Option<LocalBuffer>,
     fresh: bool,
@@ -240,24 +252,35 @@ impl Trainer {
         let share = loss * crate::loss_scale(self.replica.global_batch(), rank, self.world)?
             / self.world as f64;
         let reduce_start = Instant::now();
-        let mut sum = Tensor::from_slice(&self.grads);
+        // Reduced in place (no tensor, no allocation); the sum becomes the
+        // pending mean, and the next step's gradients go into the buffer the
+        // last commit left.
+        let mut grads = std::mem::take(&mut self.grads);
         let reduced = match self.communicator(member, epoch).await {
             Ok(comm) => comm
-                .all_reduce_tensor(&mut sum, ReduceOp::Sum)
+                .all_reduce_f32(&mut grads, ReduceOp::Sum)
                 .await
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         if let Err(e) = reduced {
+            self.grads = grads;
             self.comm = None;
             return Ok(TrainerReply::Broken(e));
         }
         let reduce_ms = reduce_start.elapsed().as_secs_f64() * 1e3;
-        // The sum is finite exactly when the mean is (the division by the
-        // world cannot overflow or make a NaN).
-        let finite = share.is_finite() && bool::try_from(sum.f_isfinite()?.f_all()?)?;
-        let mut mean = Vec::<f32>::try_from(&sum)?;
+        let len = grads.len();
+        self.grads = match std::mem::take(&mut self.spare) {
+            spare if spare.len() == len => spare,
+            _ => vec![0.0; len],
+        };
+        let mut mean = grads;
         divide_by_world(&mut mean, self.world)?;
+        // The mean is finite exactly when the sum is (the division by the
+        // world cannot overflow or make a NaN). One pass over the mean, not
+        // libtorch's `isfinite().all()` (five passes and three temporary
+        // tensors: a fifth of the 4-proc MLP job's CPU per step).
+        let finite = share.is_finite() && all_finite(&mean);
         self.pending = Some((step, mean));
         Ok(TrainerReply::Computed {
             step,
@@ -313,6 +336,7 @@ impl MeshActor for Trainer {
             comm: None,
             pending: None,
             grads,
+            spare: Vec::new(),
             exposed: None,
             fresh,
         })
@@ -343,7 +367,10 @@ impl MeshActor for Trainer {
             }
             TrainerMsg::Commit { step } => {
                 match self.pending.take() {
-                    Some((s, mean)) if s == step => self.replica.apply_mean(&mean)?,
+                    Some((s, mean)) if s == step => {
+                        self.replica.apply_mean(&mean)?;
+                        self.spare = mean;
+                    }
                     Some(other) => self.pending = Some(other),
                     None => {}
                 }
@@ -410,3 +437,25 @@ impl MeshActor for Trainer {
 }
 
 regent_mesh::register_actor!(Trainer);
+
+#[cfg(test)]
+mod tests {
+    use super::all_finite;
+
+    #[test]
+    fn all_finite_finds_a_nan_or_an_infinity_anywhere() {
+        assert!(all_finite(&[]));
+        let mut v: Vec<f32> = (0..10_000).map(|i| i as f32 * 1e30).collect();
+        v.push(f32::MAX);
+        v.push(f32::MIN_POSITIVE / 2.0);
+        assert!(all_finite(&v));
+        // First, inside the first block, on a block's edges, the last.
+        for at in [0, 17, 4095, 4096, 8191, v.len() - 1] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut w = v.clone();
+                w[at] = bad;
+                assert!(!all_finite(&w), "{bad} at {at} was not found");
+            }
+        }
+    }
+}
