@@ -67,72 +67,7 @@ enum Command {
     },
     /// A supervised data-parallel training job on procs of this binary,
     /// with faults injected on a seeded schedule, then its report.
-    Train {
-        /// Procs (data-parallel ranks).
-        #[arg(long, default_value_t = 4)]
-        procs: u32,
-        /// The model: `gpt` (a char-level transformer), `mlp` (1.8M
-        /// parameters) or `mlp-small` (27K parameters, for tests).
-        #[arg(long, default_value = "gpt")]
-        model: String,
-        /// A text file for the gpt (default: a corpus generated from the
-        /// seed).
-        #[arg(long)]
-        data: Option<PathBuf>,
-        /// Steps to reach.
-        #[arg(long, default_value_t = 300)]
-        steps: u64,
-        /// A checkpoint every this many steps (0: never).
-        #[arg(long, default_value_t = 50)]
-        checkpoint_every: u64,
-        /// Where checkpoints live; the same directory resumes a job.
-        #[arg(long, default_value = "regent-run")]
-        run_dir: PathBuf,
-        /// Start from step 0: clear the run directory's job first (its
-        /// checkpoints, final state and job record; refused while another
-        /// controller runs in it, or if it holds anything else).
-        #[arg(long)]
-        fresh: bool,
-        /// Faults to inject: `KIND[,KIND...][:EVERY]`, kinds `kill`,
-        /// `pause` (SIGSTOP, then SIGCONT 2.5 s later), `partition` (a proc
-        /// cut off for 2.5 s, through UDP proxies) and `nan` (a NaN in one
-        /// rank's gradient of a step), taken in turn (e.g. `kill:15s`,
-        /// `kill,pause:5s`).
-        #[arg(long)]
-        chaos: Option<String>,
-        /// Also compute the fault-free result and compare the final weights
-        /// bit for bit (exits non-zero if they differ).
-        #[arg(long)]
-        verify: bool,
-        /// What a failure restarts: `member` (heal from a live peer) or
-        /// `mesh` (resume from the checkpoint).
-        #[arg(long, default_value = "member")]
-        policy: String,
-        /// The seed of weights, data and faults.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// A step that takes longer fails (its hung ranks are replaced).
-        #[arg(long, default_value = "20s", value_parser = chaos::parse_duration)]
-        step_timeout: std::time::Duration,
-        /// What a step with a non-finite loss or mean gradient does: `skip`
-        /// (every rank drops it; the report lists it) or `restore` (every
-        /// rank restores the last checkpoint and replays; the same step
-        /// non-finite again fails the job).
-        #[arg(long, default_value = "skip")]
-        on_nan: String,
-        /// Fault injection: steps (comma-separated) whose gradient on one
-        /// rank is poisoned with a NaN every time they are computed (a bad
-        /// batch).
-        #[arg(long, value_delimiter = ',')]
-        nan_at: Vec<u64>,
-        /// libtorch intra-op threads per proc (the same in every proc and
-        /// the reference, for bit-identical results).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=256))]
-        threads: i32,
-        /// Also write the report as JSON to this file.
-        #[arg(long)]
-        report_json: Option<PathBuf>,
-    },
+    Train(train::TrainOptions),
     /// Chaos runs (`regent chaos soak --duration 1h --seed S`).
     Chaos {
         #[command(subcommand)]
@@ -299,42 +234,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Train {
-            procs,
-            model,
-            data,
-            steps,
-            checkpoint_every,
-            run_dir,
-            fresh,
-            chaos,
-            verify,
-            policy,
-            seed,
-            step_timeout,
-            on_nan,
-            nan_at,
-            threads,
-            report_json,
-        } => {
-            let opts = train::TrainOptions {
-                procs,
-                model,
-                data,
-                steps,
-                checkpoint_every,
-                run_dir,
-                fresh,
-                chaos,
-                verify,
-                policy,
-                seed,
-                step_timeout,
-                on_nan,
-                nan_at,
-                threads,
-                report_json,
-            };
+        Command::Train(opts) => {
             if !rt.block_on(train::train(opts))? {
                 anyhow::bail!("the final weights differ from the fault-free reference");
             }

@@ -16,24 +16,72 @@ use regent_train::job::{
     reference_with_skips, run_job,
 };
 
-/// What `regent train` was asked.
-#[derive(Debug, Clone)]
+/// What `regent train` was asked (its command line).
+#[derive(Debug, Clone, clap::Args)]
 pub(crate) struct TrainOptions {
+    /// Procs (data-parallel ranks).
+    #[arg(long, default_value_t = 4)]
     pub(crate) procs: u32,
+    /// The model: `gpt` (a char-level transformer), `mlp` (1.8M
+    /// parameters) or `mlp-small` (27K parameters, for tests).
+    #[arg(long, default_value = "gpt")]
     pub(crate) model: String,
+    /// A text file for the gpt (default: a corpus generated from the
+    /// seed).
+    #[arg(long)]
     pub(crate) data: Option<PathBuf>,
+    /// Steps to reach.
+    #[arg(long, default_value_t = 300)]
     pub(crate) steps: u64,
+    /// A checkpoint every this many steps (0: never).
+    #[arg(long, default_value_t = 50)]
     pub(crate) checkpoint_every: u64,
+    /// Where checkpoints live; the same directory resumes a job.
+    #[arg(long, default_value = "regent-run")]
     pub(crate) run_dir: PathBuf,
+    /// Start from step 0: clear the run directory's job first (its
+    /// checkpoints, final state and job record; refused while another
+    /// controller runs in it, or if it holds anything else).
+    #[arg(long)]
     pub(crate) fresh: bool,
+    /// Faults to inject: `KIND[,KIND...][:EVERY]`, kinds `kill`,
+    /// `pause` (SIGSTOP, then SIGCONT 2.5 s later), `partition` (a proc
+    /// cut off for 2.5 s, through UDP proxies) and `nan` (a NaN in one
+    /// rank's gradient of a step), taken in turn (e.g. `kill:15s`,
+    /// `kill,pause:5s`).
+    #[arg(long)]
     pub(crate) chaos: Option<String>,
+    /// Also compute the fault-free result and compare the final weights
+    /// bit for bit (exits non-zero if they differ).
+    #[arg(long)]
     pub(crate) verify: bool,
+    /// What a failure restarts: `member` (heal from a live peer) or
+    /// `mesh` (resume from the checkpoint).
+    #[arg(long, default_value = "member")]
     pub(crate) policy: String,
+    /// The seed of weights, data and faults.
+    #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
+    /// A step that takes longer fails (its hung ranks are replaced).
+    #[arg(long, default_value = "20s", value_parser = crate::chaos::parse_duration)]
     pub(crate) step_timeout: Duration,
+    /// What a step with a non-finite loss or mean gradient does: `skip`
+    /// (every rank drops it; the report lists it) or `restore` (every
+    /// rank restores the last checkpoint and replays; the same step
+    /// non-finite again fails the job).
+    #[arg(long, default_value = "skip")]
     pub(crate) on_nan: String,
+    /// Fault injection: steps (comma-separated) whose gradient on one
+    /// rank is poisoned with a NaN every time they are computed (a bad
+    /// batch).
+    #[arg(long, value_delimiter = ',')]
     pub(crate) nan_at: Vec<u64>,
+    /// libtorch intra-op threads per proc (the same in every proc and
+    /// the reference, for bit-identical results).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=256))]
     pub(crate) threads: i32,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
     pub(crate) report_json: Option<PathBuf>,
 }
 
