@@ -576,9 +576,18 @@ pub fn fuzz_decode_command(bytes: &[u8]) -> Option<ProcCommand> {
     let command: ProcCommand = regent_net::wire::decode_body(bytes).ok()?;
     command.validate().ok()?;
     if let ProcCommand::Cast(frame) = &command {
-        // What a proc hosting the mesh checks next, against a mesh that
-        // fits the frame's own claims.
-        let _ = frame.selection.bind(&frame.view, frame.seed);
+        // What a proc hosting the mesh checks next ([`CastFrame::validate_at`]):
+        // the view lies within the mesh, then the selection binds to it. The
+        // mesh here is one that fits the frame's own claims, of at most
+        // `FUZZ_MESH_MEMBERS`: binding costs time linear in the view, which a
+        // real proc bounds by the mesh it hosts, while a frame alone may
+        // claim 2^32 members (a timeout, not a finding).
+        const FUZZ_MESH_MEMBERS: u64 = 1 << 16;
+        let claimed = u64::from(frame.procs.1) * u64::from(frame.per_proc);
+        let members = claimed.min(FUZZ_MESH_MEMBERS);
+        if (frame.view.layout().max_rank() as u64) < members {
+            let _ = frame.selection.bind(&frame.view, frame.seed);
+        }
     }
     Some(command)
 }
