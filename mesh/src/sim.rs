@@ -29,8 +29,8 @@ use crate::fabric::{Fabric, LostProcs, Pending, SendProblem, proc_port};
 use crate::member::Member;
 use crate::proc::ProcRuntime;
 use crate::protocol::{
-    CastFrame, CastToken, Collect, MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody, encode,
-    names,
+    CastFrame, CastToken, Collect, Contribution, MeshId, MeshInfo, ProcCommand, ProcReply,
+    ReplyBody, encode, names,
 };
 use crate::selection::Selection;
 use crate::shape::Shape;
@@ -174,6 +174,210 @@ fn err(e: impl std::fmt::Display) -> SimError {
     SimError(e.to_string())
 }
 
+/// Procs of the simulation, each a real proc runtime fed by an in-memory
+/// channel, and the root (the controller's side) that commands them.
+struct SimWorld {
+    world: Arc<World>,
+    root: ProcId,
+    ids: Vec<ProcId>,
+    fabric: SimFabric,
+    root_pending: Arc<Pending>,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), SimError>>>,
+}
+
+impl SimWorld {
+    /// Starts `procs` proc runtimes.
+    fn start(procs: u32) -> Result<Self, SimError> {
+        let root = ProcId::new("sim-root").map_err(err)?;
+        let ids: Vec<ProcId> = (0..procs)
+            .map(|i| ProcId::new(&format!("sim-{i}")))
+            .collect::<Result<_, _>>()
+            .map_err(err)?;
+        let mut pending: HashMap<ProcId, Arc<Pending>> = ids
+            .iter()
+            .map(|p| (p.clone(), Arc::new(Pending::default())))
+            .collect();
+        pending.insert(root.clone(), Arc::new(Pending::default()));
+        let mut inboxes = Vec::with_capacity(procs as usize);
+        let mut receivers = Vec::with_capacity(procs as usize);
+        for _ in 0..procs {
+            let (tx, rx) = mpsc::unbounded_channel();
+            inboxes.push(tx);
+            receivers.push(rx);
+        }
+        let world = Arc::new(World {
+            inboxes,
+            pending,
+            frames: AtomicU64::new(0),
+            cast_hops: AtomicU32::new(0),
+        });
+        let mut tasks = Vec::with_capacity(procs as usize);
+        for (id, mut rx) in ids.iter().cloned().zip(receivers) {
+            let fabric = Arc::new(SimFabric::new(&world, id.clone()));
+            let p = world.pending[&id].clone();
+            let owner = root.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut rt = ProcRuntime::start(fabric.clone(), p, None, None, sim_types);
+                while let Some((hops, cmd)) = rx.recv().await {
+                    fabric.hops.store(hops, Ordering::Relaxed);
+                    // The simulation's commands all come from its root.
+                    if rt.handle(cmd, true, &owner).await.is_some() {
+                        break;
+                    }
+                }
+                rt.shutdown().await;
+                Ok::<(), SimError>(())
+            }));
+        }
+        let fabric = SimFabric::new(&world, root.clone());
+        let root_pending = world.pending[&root].clone();
+        Ok(Self {
+            world,
+            root,
+            ids,
+            fabric,
+            root_pending,
+            tasks,
+        })
+    }
+
+    /// A mesh of `per_proc` members on every proc, in generation 0.
+    fn mesh(&self, per_proc: u32, fanout: NonZeroU32) -> Result<MeshInfo, SimError> {
+        let procs = self.ids.len();
+        let info = MeshInfo {
+            id: MeshId(0),
+            name: "sim".into(),
+            actor_type: SimMember::NAME.into(),
+            shape: Shape::new([("procs", procs), ("actors", per_proc as usize)]).map_err(err)?,
+            per_proc,
+            procs: self
+                .ids
+                .iter()
+                .map(|p| ProcAddr {
+                    socket: SocketAddr::from(([127, 0, 0, 1], 0)),
+                    proc: p.clone(),
+                })
+                .collect(),
+            fanout,
+            owner: self.fabric.reply_port(),
+            generation: Generation(0),
+            token: CastToken::random(),
+        };
+        info.validate().map_err(err)?;
+        Ok(info)
+    }
+
+    /// Sends a command to proc `rank` that expects a reply; returns it.
+    async fn request(
+        &self,
+        info: &MeshInfo,
+        rank: u32,
+        command: impl FnOnce(u64, PortId) -> ProcCommand,
+    ) -> Result<tokio::sync::oneshot::Receiver<ReplyBody>, SimError> {
+        let (call, answer) = self.root_pending.request(&self.ids[rank as usize]);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        self.fabric
+            .command(
+                info,
+                rank,
+                command(call, self.fabric.reply_port()),
+                deadline,
+            )
+            .await
+            .map_err(err)?;
+        Ok(answer)
+    }
+
+    /// Spawns the mesh's members on every proc.
+    async fn spawn(&self, info: &MeshInfo) -> Result<(), SimError> {
+        let args = encode(&()).map_err(err)?;
+        let mut answers = Vec::with_capacity(self.ids.len());
+        for rank in 0..self.ids.len() as u32 {
+            answers.push(
+                self.request(info, rank, |call, reply_to| ProcCommand::Spawn {
+                    call,
+                    reply_to,
+                    info: info.clone(),
+                    proc_rank: rank,
+                    args: args.clone(),
+                    start: None,
+                })
+                .await?,
+            );
+        }
+        for a in answers {
+            match a.await.map_err(err)? {
+                ReplyBody::Spawned(Ok(())) => {}
+                other => return Err(SimError(format!("spawn failed: {other:?}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// A cast of `7` from the root to every member of `info` (in its
+    /// generation), with `budget`.
+    fn frame(
+        &self,
+        info: &MeshInfo,
+        collect: Collect,
+        budget: Duration,
+    ) -> Result<CastFrame, SimError> {
+        Ok(CastFrame {
+            mesh: info.id,
+            generation: info.generation,
+            token: info.token,
+            origin: regent_net::ActorId {
+                proc: self.root.clone(),
+                name: regent_net::ActorName::new(names::CONTROLLER).map_err(err)?,
+                index: 0,
+            },
+            view: info.shape.clone(),
+            selection: Selection::All,
+            seed: 0,
+            procs: (0, info.proc_count()),
+            per_proc: info.per_proc,
+            lost: Vec::new(),
+            payload: encode(&7u64).map_err(err)?,
+            // At the root, `reply` says results are wanted.
+            reply: Some(crate::protocol::ReplyTo {
+                port: self.fabric.reply_port(),
+                call: u64::MAX,
+            }),
+            collect,
+            budget_ms: u32::try_from(budget.as_millis()).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// Casts through the tree from the root and collects the result.
+    async fn cast(&self, info: &MeshInfo, frame: &CastFrame) -> Contribution {
+        let d = node::dispatch(&self.fabric, &self.root_pending, info, frame, None).await;
+        node::collect(&self.root_pending, d).await
+    }
+
+    /// Tells every proc to exit and waits for them.
+    async fn exit(self) -> Result<(), SimError> {
+        for tx in &self.world.inboxes {
+            let _ = tx.send((1, ProcCommand::Exit));
+        }
+        for t in self.tasks {
+            t.await.map_err(err)??;
+        }
+        Ok(())
+    }
+}
+
+impl SimFabric {
+    fn new(world: &Arc<World>, me: ProcId) -> Self {
+        Self {
+            world: world.clone(),
+            me,
+            sent: AtomicU64::new(0),
+            lost: LostProcs::default(),
+            hops: AtomicU32::new(0),
+        }
+    }
+}
+
 /// Simulates a mesh of `procs * per_proc` members and one cast and one call
 /// to all of them.
 pub async fn simulate(
@@ -181,143 +385,28 @@ pub async fn simulate(
     per_proc: u32,
     fanout: NonZeroU32,
 ) -> Result<SimReport, SimError> {
-    let root = ProcId::new("sim-root").map_err(err)?;
-    let ids: Vec<ProcId> = (0..procs)
-        .map(|i| ProcId::new(&format!("sim-{i}")))
-        .collect::<Result<_, _>>()
-        .map_err(err)?;
-    let mut pending: HashMap<ProcId, Arc<Pending>> = ids
-        .iter()
-        .map(|p| (p.clone(), Arc::new(Pending::default())))
-        .collect();
-    pending.insert(root.clone(), Arc::new(Pending::default()));
-    let mut inboxes = Vec::with_capacity(procs as usize);
-    let mut receivers = Vec::with_capacity(procs as usize);
-    for _ in 0..procs {
-        let (tx, rx) = mpsc::unbounded_channel();
-        inboxes.push(tx);
-        receivers.push(rx);
-    }
-    let world = Arc::new(World {
-        inboxes,
-        pending,
-        frames: AtomicU64::new(0),
-        cast_hops: AtomicU32::new(0),
-    });
-    let mut tasks = Vec::with_capacity(procs as usize);
-    for (id, mut rx) in ids.iter().cloned().zip(receivers) {
-        let fabric = Arc::new(SimFabric {
-            world: world.clone(),
-            me: id.clone(),
-            sent: AtomicU64::new(0),
-            lost: LostProcs::default(),
-            hops: AtomicU32::new(0),
-        });
-        let p = world.pending[&id].clone();
-        let owner = root.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut rt = ProcRuntime::start(fabric.clone(), p, None, None, sim_types);
-            while let Some((hops, cmd)) = rx.recv().await {
-                fabric.hops.store(hops, Ordering::Relaxed);
-                // The simulation's commands all come from its root.
-                if rt.handle(cmd, true, &owner).await.is_some() {
-                    break;
-                }
-            }
-            rt.shutdown().await;
-            Ok::<(), SimError>(())
-        }));
-    }
-    let fabric = SimFabric {
-        world: world.clone(),
-        me: root.clone(),
-        sent: AtomicU64::new(0),
-        lost: LostProcs::default(),
-        hops: AtomicU32::new(0),
-    };
-    let root_pending = world.pending[&root].clone();
-    let info = MeshInfo {
-        id: MeshId(0),
-        name: "sim".into(),
-        actor_type: SimMember::NAME.into(),
-        shape: Shape::new([("procs", procs as usize), ("actors", per_proc as usize)])
-            .map_err(err)?,
-        per_proc,
-        procs: ids
-            .iter()
-            .map(|p| ProcAddr {
-                socket: SocketAddr::from(([127, 0, 0, 1], 0)),
-                proc: p.clone(),
-            })
-            .collect(),
-        fanout,
-        owner: fabric.reply_port(),
-        generation: Generation(0),
-        token: CastToken::random(),
-    };
-    info.validate().map_err(err)?;
-
+    let sim = SimWorld::start(procs)?;
+    let info = sim.mesh(per_proc, fanout)?;
     let t = Instant::now();
-    let args = encode(&()).map_err(err)?;
-    let mut answers = Vec::with_capacity(procs as usize);
-    for rank in 0..procs {
-        let (call, answer) = root_pending.request(&ids[rank as usize]);
-        let cmd = ProcCommand::Spawn {
-            call,
-            reply_to: fabric.reply_port(),
-            info: info.clone(),
-            proc_rank: rank,
-            args: args.clone(),
-            start: None,
-        };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        fabric
-            .command(&info, rank, cmd, deadline)
-            .await
-            .map_err(err)?;
-        answers.push(answer);
-    }
-    for a in answers {
-        match a.await.map_err(err)? {
-            ReplyBody::Spawned(Ok(())) => {}
-            other => return Err(SimError(format!("spawn failed: {other:?}"))),
-        }
-    }
+    sim.spawn(&info).await?;
     let spawn = t.elapsed();
-
-    let frame = |collect: Collect| -> Result<CastFrame, SimError> {
-        Ok(CastFrame {
-            mesh: info.id,
-            generation: info.generation,
-            token: info.token,
-            origin: regent_net::ActorId {
-                proc: root.clone(),
-                name: regent_net::ActorName::new(names::CONTROLLER).map_err(err)?,
-                index: 0,
-            },
-            view: info.shape.clone(),
-            selection: Selection::All,
-            seed: 0,
-            procs: (0, procs),
-            per_proc,
-            lost: Vec::new(),
-            payload: encode(&7u64).map_err(err)?,
-            // At the root, `reply` says results are wanted.
-            reply: Some(crate::protocol::ReplyTo {
-                port: fabric.reply_port(),
-                call: u64::MAX,
-            }),
-            collect,
-            budget_ms: 120_000,
-        })
-    };
+    let budget = Duration::from_secs(120);
+    let world = &sim.world;
+    let fabric = &sim.fabric;
     let frames_before = world.frames.load(Ordering::Relaxed);
     let sent_before = fabric.sent.load(Ordering::Relaxed);
     world.cast_hops.store(0, Ordering::Relaxed);
     let t = Instant::now();
-    let d = node::dispatch(&fabric, &root_pending, &info, &frame(Collect::Ack)?, None).await;
+    let d = node::dispatch(
+        fabric,
+        &sim.root_pending,
+        &info,
+        &sim.frame(&info, Collect::Ack, budget)?,
+        None,
+    )
+    .await;
     let controller_frames = fabric.sent.load(Ordering::Relaxed) - sent_before;
-    let acked = node::collect(&root_pending, d).await;
+    let acked = node::collect(&sim.root_pending, d).await;
     let cast = t.elapsed();
     let frames = world.frames.load(Ordering::Relaxed) - frames_before;
     let depth = world.cast_hops.load(Ordering::Relaxed);
@@ -331,15 +420,9 @@ pub async fn simulate(
     }
 
     let t = Instant::now();
-    let d = node::dispatch(
-        &fabric,
-        &root_pending,
-        &info,
-        &frame(Collect::Gather)?,
-        None,
-    )
-    .await;
-    let gathered = node::collect(&root_pending, d).await;
+    let gathered = sim
+        .cast(&info, &sim.frame(&info, Collect::Gather, budget)?)
+        .await;
     let gather = t.elapsed();
     // Every member exactly once: ranks 0..n, in order, no gaps, no repeats.
     let exactly_once = gathered
@@ -354,12 +437,7 @@ pub async fn simulate(
             procs * per_proc
         )));
     }
-    for tx in &world.inboxes {
-        let _ = tx.send((1, ProcCommand::Exit));
-    }
-    for t in tasks {
-        t.await.map_err(err)??;
-    }
+    sim.exit().await?;
     Ok(SimReport {
         members: procs * per_proc,
         procs,
@@ -378,6 +456,119 @@ pub async fn simulate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::MemberError;
+    use crate::policy::FailureCause;
+    use crate::protocol::Restart;
+
+    fn generation(info: &MeshInfo, g: u64) -> MeshInfo {
+        MeshInfo {
+            generation: Generation(g),
+            ..info.clone()
+        }
+    }
+
+    async fn update(sim: &SimWorld, info: &MeshInfo, rank: u32) {
+        let answer = sim
+            .request(info, rank, |call, reply_to| ProcCommand::Update {
+                call,
+                reply_to,
+                info: info.clone(),
+                restart: None,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(answer.await.unwrap(), ReplyBody::Updated));
+    }
+
+    fn ranks(values: &[(u32, bytes::Bytes)]) -> Vec<u32> {
+        values.iter().map(|(r, _)| *r).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cast_for_a_generation_a_proc_has_not_learned_waits_for_its_update() {
+        // Proc 0 learns generation 1 before proc 1 (as when the owner's
+        // updates cross): a cast in generation 1 reaches proc 1 first.
+        let sim = SimWorld::start(2).unwrap();
+        let info = sim.mesh(1, NonZeroU32::new(16).unwrap()).unwrap();
+        sim.spawn(&info).await.unwrap();
+        let next = generation(&info, 1);
+        update(&sim, &next, 0).await;
+        let frame = sim
+            .frame(&next, Collect::Gather, Duration::from_secs(20))
+            .unwrap();
+        let c = {
+            let cast = sim.cast(&next, &frame);
+            tokio::pin!(cast);
+            // Held at proc 1, not refused as of another generation.
+            assert!(
+                tokio::time::timeout(Duration::from_millis(300), &mut cast)
+                    .await
+                    .is_err(),
+                "the cast was answered before proc 1 learned its generation"
+            );
+            update(&sim, &next, 1).await;
+            cast.await
+        };
+        assert!(c.failed.is_empty(), "{:?}", c.failed);
+        assert_eq!(ranks(&c.values), vec![0, 1]);
+        // A generation that never comes: the cast fails at its budget.
+        let budget = Duration::from_millis(400);
+        let frame = sim
+            .frame(&generation(&info, 2), Collect::Gather, budget)
+            .unwrap();
+        let t = Instant::now();
+        let c = sim.cast(&generation(&info, 2), &frame).await;
+        assert!(t.elapsed() >= budget.mul_f64(0.7), "{:?}", t.elapsed());
+        assert_eq!(c.failed.len(), 2, "{c:?}");
+        for (_, e) in &c.failed {
+            assert!(matches!(e, MemberError::NotRunning(_)), "{e:?}");
+        }
+        // The mesh still serves its generation afterwards.
+        let frame = sim
+            .frame(&next, Collect::Gather, Duration::from_secs(20))
+            .unwrap();
+        assert_eq!(ranks(&sim.cast(&next, &frame).await.values), vec![0, 1]);
+        sim.exit().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cast_to_a_member_being_respawned_reaches_its_new_life() {
+        // The cast arrives right behind the respawn: the old life is retired
+        // and the new one not in its slot yet. It waits for it.
+        let sim = SimWorld::start(1).unwrap();
+        let info = sim.mesh(2, NonZeroU32::new(16).unwrap()).unwrap();
+        sim.spawn(&info).await.unwrap();
+        for round in 1..=5u64 {
+            let next = generation(&info, round);
+            let respawned = sim
+                .request(&next, 0, |call, reply_to| ProcCommand::Respawn {
+                    call,
+                    reply_to,
+                    info: next.clone(),
+                    ranks: vec![1],
+                    args: encode(&()).unwrap(),
+                    restart: Restart {
+                        generation: next.generation,
+                        ranks: vec![1],
+                        cause: FailureCause::Stopped,
+                        sources: vec![(1, 0)],
+                    },
+                })
+                .await
+                .unwrap();
+            let frame = sim
+                .frame(&next, Collect::Gather, Duration::from_secs(20))
+                .unwrap();
+            let c = sim.cast(&next, &frame).await;
+            assert!(c.failed.is_empty(), "round {round}: {:?}", c.failed);
+            assert_eq!(ranks(&c.values), vec![0, 1]);
+            assert!(matches!(
+                respawned.await.unwrap(),
+                ReplyBody::Spawned(Ok(()))
+            ));
+        }
+        sim.exit().await.unwrap();
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ten_thousand_members_are_reached_once_through_a_shallow_tree() {

@@ -15,6 +15,7 @@
 //! yields, and the proc exits ([`ProcExit::MemberStuck`](super::ProcExit))
 //! instead of starting a second one beside it.
 
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -94,6 +95,9 @@ struct Shared {
     slots: Mutex<Vec<Option<Life>>>,
     /// Lives taken out of their slots by a respawn, to be stopped.
     retired: Mutex<Vec<Life>>,
+    /// Ranks retired for a respawn whose new lives are not in their slots
+    /// yet: casts to them wait (see `run_dispatcher`).
+    starting: watch::Sender<BTreeSet<u32>>,
     stuck: mpsc::UnboundedSender<(MeshId, u32)>,
 }
 
@@ -125,6 +129,7 @@ pub(super) fn start_worker(
         types,
         slots: Mutex::new(vec![None; per_proc]),
         retired: Mutex::new(Vec::new()),
+        starting: watch::channel(BTreeSet::new()).0,
         stuck,
     });
     // Ops come from the owner, one request at a time per mesh, so this
@@ -174,8 +179,12 @@ impl Hosted {
     }
 
     /// Takes the lives of `ranks` out of their slots: they get no more
-    /// casts, and the next respawn stops them.
+    /// casts, and the next respawn stops them. Until that respawn puts new
+    /// lives in their slots, casts to these ranks wait for them.
     pub(super) fn retire(&self, ranks: &[u32], first: u32) {
+        self.shared
+            .starting
+            .send_modify(|starting| starting.extend(ranks.iter().copied()));
         let mut slots = self.shared.slots.lock().expect("slots lock");
         let mut retired = self.shared.retired.lock().expect("retired lock");
         for &r in ranks {
@@ -441,8 +450,19 @@ async fn spawn_lives(
             ended_tx,
         ));
         shared.slots.lock().expect("slots lock")[(rank - first) as usize] = Some(life.clone());
+        // Casts held for the rank go to the new life's mailbox now (they
+        // wait there for its `new`, which may itself call peers).
+        shared
+            .starting
+            .send_if_modified(|starting| starting.remove(&rank));
         started.push((life, result_rx));
     }
+    // Ranks whose lives did not start are not waited for either.
+    shared.starting.send_if_modified(|starting| {
+        let before = starting.len();
+        starting.retain(|r| !ranks.contains(r));
+        starting.len() != before
+    });
     // Every `new` runs at once (each on its own thread); wait for all.
     let mut lives = Vec::with_capacity(started.len());
     for (life, result) in started {
@@ -535,48 +555,163 @@ async fn watch_life(
 
 /// Forwards and delivers the mesh's casts, in arrival order; collects the
 /// results beside it.
+///
+/// A cast this proc cannot serve yet is held, not refused: one for a
+/// generation newer than the proc knows (the owner's update or respawn that
+/// brings it is on its way here — the sender's proc learned it first), or
+/// one for members being respawned (their new lives are about to take
+/// their slots). While one is held, every later cast queues behind it, so
+/// that casts keep their arrival order at every member; held casts fail
+/// once their budget runs out (or the mesh stops) first.
 async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame>) {
+    let mut status = shared.known.status.subscribe();
+    let mut starting = shared.starting.subscribe();
+    let mut held: VecDeque<(tokio::time::Instant, CastFrame)> = VecDeque::new();
+    loop {
+        let expiry = held.iter().map(|(until, _)| *until).min();
+        tokio::select! {
+            frame = casts.recv() => {
+                let Some(frame) = frame else { break };
+                if held.is_empty() && servable(&shared, &frame) {
+                    serve_cast(&shared, frame, false).await;
+                    continue;
+                }
+                if held.len() >= QUEUED_CASTS {
+                    fail(&shared, &frame, "proc overloaded: its casts to this mesh are backed up");
+                } else {
+                    let budget = Duration::from_millis(u64::from(frame.budget_ms));
+                    held.push_back((tokio::time::Instant::now() + budget, frame));
+                }
+            }
+            changed = status.changed(), if !held.is_empty() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            changed = starting.changed(), if !held.is_empty() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            () = sleep_until_some(expiry), if expiry.is_some() => {}
+        }
+        let done = status.borrow_and_update().is_done();
+        starting.borrow_and_update();
+        release_held(&shared, &mut held, done).await;
+    }
+    for (_, frame) in held {
+        fail(&shared, &frame, "the mesh stopped");
+    }
+}
+
+/// Whether a cast can be forwarded and delivered now: its generation is
+/// known here (an older one is refused when served) and none of the local
+/// members it selects is being respawned.
+fn servable(shared: &Shared, frame: &CastFrame) -> bool {
+    let known = shared.known.info().generation;
+    if frame.generation != known {
+        return frame.generation < known;
+    }
+    let starting = shared.starting.borrow();
+    if starting.is_empty() {
+        return true;
+    }
+    match frame.selection.bind(&frame.view, frame.seed) {
+        Ok(selected) => !starting.iter().any(|&r| selected.contains(Rank(r))),
+        Err(_) => true, // refused when served
+    }
+}
+
+/// Sleeps until `until` (forever without one).
+async fn sleep_until_some(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(until) => tokio::time::sleep_until(until).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Fails the held casts whose budget ran out (all, once the mesh is done),
+/// then serves the held casts in order while the first can be served.
+async fn release_held(
+    shared: &Shared,
+    held: &mut VecDeque<(tokio::time::Instant, CastFrame)>,
+    done: bool,
+) {
+    if held.is_empty() {
+        return;
+    }
+    let now = tokio::time::Instant::now();
+    let known = shared.known.info().generation;
+    held.retain(|(until, frame)| {
+        let why = if done {
+            "the mesh stopped"
+        } else if *until > now {
+            return true;
+        } else if frame.generation > known {
+            "cast for a generation of the mesh this proc did not learn within the cast's budget"
+        } else {
+            "the members it selects here did not restart within the cast's budget"
+        };
+        fail(shared, frame, why);
+        false
+    });
+    while held
+        .front()
+        .is_some_and(|(_, frame)| servable(shared, frame))
+    {
+        let (until, mut frame) = held.pop_front().expect("a front");
+        // What is left of its budget after the wait.
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        frame.budget_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+        serve_cast(shared, frame, true).await;
+    }
+}
+
+async fn serve_cast(shared: &Shared, frame: CastFrame, held: bool) {
     let fabric = shared.services.fabric.clone();
     let pending = shared.services.pending.clone();
-    while let Some(frame) = casts.recv().await {
-        let info = shared.known.info();
-        if frame.generation != info.generation {
-            fail(&shared, &frame, "cast for another generation of the mesh");
-            continue;
-        }
-        let members: LocalMembers = shared
-            .slots
-            .lock()
-            .expect("slots lock")
-            .iter()
-            .map(|s| s.as_ref().map(|l| l.actor.clone()))
-            .collect();
-        let d = node::dispatch(fabric.as_ref(), &pending, &info, &frame, Some(&members)).await;
-        if let Some(reply) = frame.reply {
-            let fabric = fabric.clone();
-            let pending = pending.clone();
-            tokio::spawn(async move {
-                let contribution = node::collect(&pending, d).await;
-                let parts = node::split(contribution, fabric.max_frame_bytes());
-                let last = parts.len() - 1;
-                for (i, part) in parts.into_iter().enumerate() {
-                    let body = if i == last {
-                        ReplyBody::Cast(part)
-                    } else {
-                        ReplyBody::CastPart(part)
-                    };
-                    fabric
-                        .reply(
-                            reply.port.clone(),
-                            ProcReply {
-                                call: reply.call,
-                                body,
-                            },
-                        )
-                        .await;
-                }
-            });
-        }
+    let info = shared.known.info();
+    if frame.generation != info.generation {
+        fail(shared, &frame, "cast for another generation of the mesh");
+        return;
+    }
+    if held && let Err(e) = frame.validate_at(&info, shared.proc_rank) {
+        tracing::warn!(mesh = %info.name, error = %e, "an invalid cast refused");
+        fail(shared, &frame, &format!("refused: an invalid cast ({e})"));
+        return;
+    }
+    let members: LocalMembers = shared
+        .slots
+        .lock()
+        .expect("slots lock")
+        .iter()
+        .map(|s| s.as_ref().map(|l| l.actor.clone()))
+        .collect();
+    let d = node::dispatch(fabric.as_ref(), &pending, &info, &frame, Some(&members)).await;
+    if let Some(reply) = frame.reply {
+        let fabric = fabric.clone();
+        let pending = pending.clone();
+        tokio::spawn(async move {
+            let contribution = node::collect(&pending, d).await;
+            let parts = node::split(contribution, fabric.max_frame_bytes());
+            let last = parts.len() - 1;
+            for (i, part) in parts.into_iter().enumerate() {
+                let body = if i == last {
+                    ReplyBody::Cast(part)
+                } else {
+                    ReplyBody::CastPart(part)
+                };
+                fabric
+                    .reply(
+                        reply.port.clone(),
+                        ProcReply {
+                            call: reply.call,
+                            body,
+                        },
+                    )
+                    .await;
+            }
+        });
     }
 }
 

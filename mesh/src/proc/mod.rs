@@ -413,10 +413,14 @@ impl ProcRuntime {
                 "refused: the cast does not carry the mesh's capability",
             );
         }
-        if frame.generation != info.generation {
+        if frame.generation < info.generation {
             return self.fail_subtree(frame, "cast for another generation of the mesh");
         }
-        if let Err(e) = frame.validate_at(&info, hosted.proc_rank) {
+        // A cast for a newer generation waits in the mesh's dispatcher for
+        // the owner's update, and is checked against the mesh then.
+        if frame.generation == info.generation
+            && let Err(e) = frame.validate_at(&info, hosted.proc_rank)
+        {
             self.refused += 1;
             tracing::warn!(from = %sender, mesh = %info.name, error = %e, "an invalid cast refused");
             return self.fail_subtree(frame, &format!("refused: an invalid cast ({e})"));
