@@ -726,6 +726,112 @@ impl BufferManager {
         }
     }
 
+    /// Reads `len` bytes at each `(remote, offset)` of `reads` and hands
+    /// them to `f` together, in order — without copying where the buffer is
+    /// mapped here (shm: `f` sees the owner's memory, under an access slot
+    /// of each segment, for as long as it runs); any other read goes into
+    /// its `len` bytes of `scratch` first (`reads.len() * len` bytes). For
+    /// folding peers' data straight from their memory. `f` runs on this
+    /// thread and should be short (it holds the slots: a large `len` is
+    /// read into `scratch` instead). Returns `f`'s result only if every
+    /// owner still held its buffer when `f` ended; errors as for
+    /// [`Self::read_into`] (`f` may then have seen torn bytes).
+    pub async fn read_many_with<R>(
+        &self,
+        reads: &[(&RemoteBuffer, u64)],
+        len: usize,
+        scratch: &mut [u8],
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R, Error> {
+        if scratch.len() < reads.len().saturating_mul(len) {
+            return Err(Error::Config(format!(
+                "{} bytes of scratch for {} reads of {len}",
+                scratch.len(),
+                reads.len()
+            )));
+        }
+        let inline =
+            len <= INLINE_CHUNK_BYTES.min(self.inner.config.shm_chunk_bytes.get() as usize);
+        // Which reads are views (shm) and which go through the scratch.
+        let at = |index: usize| {
+            move |e: Error| Error::Batch {
+                index,
+                source: Box::new(e),
+            }
+        };
+        let mut segments = Vec::with_capacity(reads.len());
+        for (i, (remote, offset)) in reads.iter().enumerate() {
+            remote.check_range(*offset, len as u64).map_err(at(i))?;
+            let view = inline && self.backend_for(remote).map_err(at(i))? == BackendKind::Shm;
+            segments.push(if view {
+                Some(self.inner.peers.get(remote).map_err(at(i))?)
+            } else {
+                None
+            });
+        }
+        let mut slots: Vec<&mut [u8]> = scratch.chunks_mut(len.max(1)).take(reads.len()).collect();
+        for (i, (remote, offset)) in reads.iter().enumerate() {
+            if segments[i].is_none() {
+                self.read_into(remote, *offset, &mut slots[i][..len])
+                    .await
+                    .map_err(at(i))?;
+            }
+        }
+        // An access slot of every mapped segment, waited for as a copy waits.
+        let started = Instant::now();
+        let deadline = self.inner.config.op_timeout;
+        let mut entered = Vec::with_capacity(reads.len());
+        for (i, segment) in segments.iter().enumerate() {
+            let Some(segment) = segment else {
+                entered.push(None);
+                continue;
+            };
+            let e = loop {
+                match segment.enter(Kind::Read) {
+                    Ok(Some(e)) => break e,
+                    Ok(None) => {
+                        slot_wait(started, deadline).map_err(at(i))?;
+                        tokio::time::sleep(SLOT_RETRY).await;
+                    }
+                    Err(e) => {
+                        if e.is_invalidated() {
+                            self.inner.peers.forget(reads[i].0);
+                        }
+                        return Err(at(i)(e));
+                    }
+                }
+            };
+            entered.push(Some(e));
+        }
+        // What the owners wrote before they announced it is seen here.
+        fence(Ordering::Acquire);
+        let r = {
+            let views: Vec<&[u8]> = entered
+                .iter()
+                .zip(&slots)
+                .zip(reads)
+                .map(|((e, slot), (_, offset))| match e {
+                    Some(e) => e.view(*offset as usize, len),
+                    None => &slot[..len],
+                })
+                .collect();
+            f(&views)
+        };
+        drop(entered);
+        // Complete only if every owner still had the buffer at the end.
+        for (i, segment) in segments.iter().enumerate() {
+            if let Some(segment) = segment
+                && let Err(e) = segment.check()
+            {
+                if e.is_invalidated() {
+                    self.inner.peers.forget(reads[i].0);
+                }
+                return Err(at(i)(e));
+            }
+        }
+        Ok(r)
+    }
+
     /// Writes `local` into `remote` at `offset`; returns once the bytes are
     /// in the owner's memory. Errors as for [`Self::read_into`].
     pub async fn write_from(

@@ -92,6 +92,13 @@ pub(crate) struct Entered<'a> {
     kind: Kind,
 }
 
+// SAFETY: `data` points into a shared mapping that outlives `'a` (the
+// segment or region the ticket borrows), and nothing about the slot or the
+// mapping is tied to a thread: the ticket gives its slot back with atomic
+// operations on shared memory from whichever thread drops it. An async
+// read that holds slots across an await may move between worker threads.
+unsafe impl Send for Entered<'_> {}
+
 impl Entered<'_> {
     /// Copies `dst.len()` bytes from `offset` out of the data.
     pub(crate) fn copy_out(&self, offset: usize, dst: &mut [u8]) {
@@ -112,6 +119,25 @@ impl Entered<'_> {
         // time is a contract violation of the application (torn bytes,
         // docs/semantics.md §6.2), and `u8` is valid for any value.
         unsafe { std::ptr::copy_nonoverlapping(self.data.add(offset), dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// The bytes `offset..offset + len` of the data, in place: for a reader
+    /// that computes on them without copying them out first.
+    pub(crate) fn view(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len_bytes),
+            "view range checked by the caller"
+        );
+        debug_assert_eq!(self.kind, Kind::Read, "a view under a read slot");
+        // SAFETY: the range lies inside the data mapping (asserted), which
+        // outlives `self`, and the slice borrows `self`, so it ends before
+        // the slot is given back. As in `copy_out`: the slot makes the owner
+        // wait before it takes a reference to the bytes, so it does not
+        // write them while the view lives; another peer writing them at
+        // the same time violates the application's contract
+        // (docs/semantics.md §6.2) and the reader sees torn values, as a
+        // copy would (`u8` is valid for any bits).
+        unsafe { std::slice::from_raw_parts(self.data.add(offset), len) }
     }
 
     /// Copies `src` into the data at `offset`.

@@ -146,6 +146,78 @@ async fn out_of_range_is_an_error_for_each_backend() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_handed_to_a_function_see_the_owners_bytes_in_place_over_shm() {
+    let p = pair(ManagerConfig::default()).await;
+    let len = 3000;
+    let a = pattern(10_000, 1);
+    let b = pattern(10_000, 2);
+    let ba = p.owner.register(Memory::copy_from(&a).unwrap()).unwrap();
+    let bb = p.owner.register(Memory::copy_from(&b).unwrap()).unwrap();
+    let (ha, hb) = (ba.handle().clone(), bb.handle().clone());
+    for kind in BACKENDS {
+        p.reader.set_backend_policy(BackendPolicy::Only(kind));
+        let mut scratch = vec![0u8; 2 * len];
+        let (sum, in_scratch) = p
+            .reader
+            .read_many_with(&[(&ha, 100), (&hb, 7000)], len, &mut scratch, |views| {
+                assert_eq!(views.len(), 2);
+                assert_eq!(views[0], &a[100..100 + len], "{kind}");
+                assert_eq!(views[1], &b[7000..7000 + len], "{kind}");
+                let sum: u64 = views
+                    .iter()
+                    .flat_map(|v| v.iter())
+                    .map(|&x| u64::from(x))
+                    .sum();
+                (sum, views[0].as_ptr())
+            })
+            .await
+            .unwrap();
+        let want: u64 = a[100..100 + len]
+            .iter()
+            .chain(&b[7000..7000 + len])
+            .map(|&x| u64::from(x))
+            .sum();
+        assert_eq!(sum, want);
+        // Over shm the function saw the owner's memory, not a copy; other
+        // backends read into the scratch first.
+        let scratch_used = in_scratch == scratch.as_ptr();
+        assert_eq!(scratch_used, kind != BackendKind::Shm, "{kind}");
+        assert_eq!(
+            scratch.iter().any(|&x| x != 0),
+            kind != BackendKind::Shm,
+            "{kind}"
+        );
+        // Out of range, or too little scratch: refused before anything runs.
+        let e = p
+            .reader
+            .read_many_with(&[(&ha, 9000)], len, &mut scratch, |_| ())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::Batch { index: 0, source } if matches!(**source, Error::OutOfRange { .. })),
+            "{kind}: {e}"
+        );
+        assert!(
+            p.reader
+                .read_many_with(&[(&ha, 0), (&hb, 0)], len, &mut scratch[..len], |_| ())
+                .await
+                .is_err()
+        );
+    }
+    // A released buffer fails the read (naming it by its index).
+    p.reader
+        .set_backend_policy(BackendPolicy::Only(BackendKind::Shm));
+    p.owner.release(ba);
+    let mut scratch = vec![0u8; len];
+    let e = p
+        .reader
+        .read_many_with(&[(&ha, 0)], len, &mut scratch, |_| ())
+        .await
+        .unwrap_err();
+    assert!(e.is_invalidated(), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_buffers_fail_with_a_clear_error() {
     let p = pair(ManagerConfig::default().liveness_interval(Duration::from_millis(20))).await;
     for kind in BACKENDS {
