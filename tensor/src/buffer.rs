@@ -301,6 +301,60 @@ impl TensorBuffer {
         &self.layout
     }
 
+    /// The elements of a contiguous `f32` tensor as a slice over the
+    /// registered memory (no copy), for code that computes on them without
+    /// tch — a flat gradient a collective reduces in place. The rule of the
+    /// type holds: not while a peer's operation on the tensor is in flight.
+    pub fn as_f32(&self) -> Result<&[f32], Error> {
+        let span = self.f32_span()?;
+        // SAFETY: `f32_span` checked dtype, contiguity and alignment, so the
+        // span holds `span.len() / 4` initialized `f32`s (any bits are a
+        // valid `f32`); the slice borrows `self`, and by the type's rule no
+        // peer writes the memory outside an operation this side awaits.
+        let bytes = unsafe { self.reg.slice(span) };
+        Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), bytes.len() / 4) })
+    }
+
+    /// [`Self::as_f32`], writable: `&mut self` keeps the buffer's other
+    /// users (collectives, transfers) out while the slice lives; tensors
+    /// over the memory are not to be used meanwhile (tch does not borrow).
+    pub fn as_f32_mut(&mut self) -> Result<&mut [f32], Error> {
+        let span = self.f32_span()?;
+        // SAFETY: as in `as_f32`; writes of any bits leave valid `f32`s, and
+        // the slice borrows `self` mutably.
+        let bytes = unsafe { self.reg.slice_mut(span) };
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), bytes.len() / 4)
+        })
+    }
+
+    /// The span of a contiguous, aligned `f32` tensor.
+    fn f32_span(&self) -> Result<std::ops::Range<usize>, Error> {
+        if self.layout.dtype() != DType::F32 {
+            return Err(Error::Invalid(format!(
+                "a {} tensor is not a slice of f32",
+                self.layout.dtype()
+            )));
+        }
+        if !self.layout.is_contiguous() {
+            return Err(Error::NotContiguous {
+                shape: self.layout.shape_i64(),
+                strides: self.layout.strides_i64(),
+                what: "contiguous",
+            });
+        }
+        let span = self.layout.offset_bytes() as usize
+            ..(self.layout.offset_bytes() + self.layout.nbytes()) as usize;
+        // SAFETY: an empty slice at the span's start, only for its address.
+        let start = unsafe { self.reg.slice(span.start..span.start) }.as_ptr();
+        if start.align_offset(std::mem::align_of::<f32>()) != 0 {
+            return Err(Error::Invalid(
+                "the tensor's bytes are not aligned for f32".into(),
+            ));
+        }
+        Ok(span)
+    }
+
     /// The handle to send to peers.
     pub fn handle(&self) -> TensorHandle {
         // The layout fits the buffer by construction.

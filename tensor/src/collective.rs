@@ -463,14 +463,40 @@ impl<T: Transport> Ctx<'_, T> {
         }
     }
 
-    /// Runs reads of several ranks' regions at once.
-    async fn read_many(&self, reads: Vec<(usize, &Region, usize, &mut [u8])>) -> Result<(), Error> {
-        join_peers(
-            reads
-                .into_iter()
-                .map(|(rank, region, at, dst)| self.read(rank, region, at, dst)),
+    /// Reads `len` bytes at `at` of each `(rank, region, at)` and hands them
+    /// to `f` together, in order: in place where the peer's memory is
+    /// mapped here (shm), through `len` bytes of `scratch` per read
+    /// otherwise (`BufferManager::read_many_with`).
+    async fn read_many_with<R>(
+        &self,
+        reads: &[(usize, &Region, usize)],
+        len: usize,
+        scratch: &mut [u8],
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R, Error> {
+        for (rank, region, at) in reads {
+            check_in_region(*rank, region, *at, len)?;
+        }
+        let remotes: Vec<(&regent_rdma::RemoteBuffer, u64)> = reads
+            .iter()
+            .map(|(_, region, at)| (&region.buffer, region.offset + *at as u64))
+            .collect();
+        match tokio::time::timeout_at(
+            self.deadline,
+            self.manager().read_many_with(&remotes, len, scratch, f),
         )
         .await
+        {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(regent_rdma::Error::Batch { index, source })) => Err(Error::Peer {
+                rank: reads.get(index).map_or(self.rank(), |r| r.0),
+                source: *source,
+            }),
+            Ok(Err(source)) => Err(Error::Invalid(format!("a read of peers' memory: {source}"))),
+            Err(_) => {
+                Err(self.timeout_error("one-sided read", reads.iter().map(|r| r.0).collect()))
+            }
+        }
     }
 }
 

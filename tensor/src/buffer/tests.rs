@@ -117,6 +117,40 @@ async fn a_peer_tensor_is_read_into_an_existing_tensor_of_the_same_layout() {
     assert!(with_gaps(&m[1]).is_err());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_f32_tensor_buffer_is_a_slice_of_its_own_memory() {
+    init();
+    let m = local_managers(2, Default::default()).await.unwrap();
+    let x = Tensor::randn([5, 3], (Kind::Float, Device::Cpu));
+    let mut tb = TensorBuffer::copy_from(&m[0], &x, Contiguity::Refuse).unwrap();
+    let want: Vec<f32> = Vec::try_from(x.reshape([-1])).unwrap();
+    assert_eq!(tb.as_f32().unwrap(), &want[..]);
+    // Writes through the slice are the tensor's, and a peer reads them.
+    tb.as_f32_mut().unwrap()[4] = 9.25;
+    assert_eq!(tb.tensor().double_value(&[1, 1]), 9.25);
+    let mut got = [0u8; 4];
+    m[1].read_into(tb.handle().buffer(), 16, &mut got)
+        .await
+        .unwrap();
+    assert_eq!(f32::from_ne_bytes(got), 9.25);
+    assert_eq!(
+        tb.as_f32().unwrap().as_ptr() as i64,
+        tb.tensor().data_ptr() as i64,
+        "no copy"
+    );
+    // Only contiguous f32 tensors are slices of f32.
+    let mut d = TensorBuffer::zeros(&m[0], DType::F64, &[4]).unwrap();
+    assert!(matches!(d.as_f32_mut(), Err(Error::Invalid(_))));
+    let t = TensorBuffer::with_layout(
+        &m[0],
+        Layout::new(DType::F32, vec![3, 2], vec![1, 3], 0).unwrap(),
+    )
+    .unwrap();
+    assert!(matches!(t.as_f32(), Err(Error::NotContiguous { .. })));
+    let e = TensorBuffer::zeros(&m[0], DType::F32, &[0]).unwrap();
+    assert!(e.as_f32().unwrap().is_empty());
+}
+
 fn with_gaps(m: &BufferManager) -> Result<TensorBuffer, Error> {
     TensorBuffer::with_layout(
         m,

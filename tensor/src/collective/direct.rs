@@ -52,9 +52,10 @@ enum Out<'a> {
 }
 
 /// Folds `chunk` (bytes of the operand) over every member in rank order,
-/// piece by piece: the other members' pieces are read into slots of `tmp`
-/// (this member's slot holds the running value), this member's own piece
-/// is used where it lies, and the last step writes the result.
+/// piece by piece: each piece of every other member is read where it lies
+/// when its memory is mapped here (shm; otherwise into slots of `tmp`), this
+/// member's own piece is used where it lies, and the fold writes the result
+/// — one pass over the inputs, no copy of them.
 #[allow(clippy::too_many_arguments)]
 async fn reduce_chunk<T: Transport>(
     cx: &Ctx<'_, T>,
@@ -68,66 +69,73 @@ async fn reduce_chunk<T: Transport>(
 ) -> Result<(), Error> {
     let (r, p) = (cx.rank(), cx.size());
     let sub = cx.chunk_bytes;
+    // The running value, then a slot per other member for reads that are
+    // not in place.
     if tmp.len() < p * sub {
         tmp.resize(p * sub, 0);
     }
+    let (acc_buf, scratch) = tmp.split_at_mut(sub);
     let base = chunk.start;
+    let others: Vec<usize> = (0..p).filter(|&q| q != r).collect();
     for piece in pieces(chunk, sub) {
         let len = piece.len();
-        let mut slots: Vec<&mut [u8]> = tmp[..p * sub]
-            .chunks_mut(sub)
-            .map(|s| &mut s[..len])
-            .collect();
-        let reads = slots
-            .iter_mut()
-            .enumerate()
-            .filter(|(q, _)| *q != r)
-            .map(|(q, slot)| {
+        let local = piece.start - base..piece.end - base;
+        let reads: Vec<(usize, &Region, usize)> = others
+            .iter()
+            .map(|&q| {
                 // `readies` filled every other rank.
                 let region = peers[q].as_ref().expect("a region of every other rank");
-                (q, region, piece.start, &mut **slot)
+                (q, region, piece.start)
             })
             .collect();
-        cx.read_many(reads).await?;
-        let acc = std::mem::take(&mut slots[r]);
-        let local = piece.start - base..piece.end - base;
-        // SAFETY (both `bytes` and `bytes_mut` below): in the reduce phase
-        // nobody but this member reads or writes its own chunk of the
-        // input; the shared and the mutable slice never live at once.
-        let own = || unsafe { input.bytes(piece.clone()) };
-        let x = |q: usize| -> &[u8] { if q == r { own() } else { &*slots[q] } };
-        if p == 1 {
-            match &mut out {
-                Out::InPlace => {}
-                Out::Separate(o) => o[local.clone()].copy_from_slice(own()),
-            }
-        } else {
-            if p > 2 {
-                fold_into(op, dtype, acc, x(0), x(1));
-                for q in 2..p - 1 {
-                    fold(op, dtype, acc, x(q));
+        let acc = &mut acc_buf[..len];
+        let out = &mut out;
+        cx.read_many_with(&reads, len, scratch, |views| {
+            // SAFETY (`bytes` and `bytes_mut` below): in the reduce phase
+            // nobody but this member reads or writes its own chunk of the
+            // input; the shared and the mutable slice never live at once.
+            let own = || unsafe { input.bytes(piece.clone()) };
+            // Member q's piece: its view (others are in rank order, without r).
+            let x = |q: usize| -> &[u8] {
+                match q.cmp(&r) {
+                    std::cmp::Ordering::Equal => own(),
+                    std::cmp::Ordering::Less => views[q],
+                    std::cmp::Ordering::Greater => views[q - 1],
+                }
+            };
+            if p == 1 {
+                if let Out::Separate(o) = out {
+                    o[local.clone()].copy_from_slice(own());
                 }
             } else {
-                acc.copy_from_slice(x(0));
-            }
-            // The last step: result = acc op x(p - 1).
-            let last = p - 1;
-            match &mut out {
-                Out::Separate(o) => fold_into(op, dtype, &mut o[local.clone()], acc, x(last)),
-                Out::InPlace if r == last => {
-                    fold_rev(op, dtype, acc, unsafe { input.bytes_mut(piece.clone()) })
+                if p > 2 {
+                    fold_into(op, dtype, acc, x(0), x(1));
+                    for q in 2..p - 1 {
+                        fold(op, dtype, acc, x(q));
+                    }
+                } else {
+                    acc.copy_from_slice(x(0));
                 }
-                Out::InPlace => {
-                    let y = &*slots[last];
-                    fold_into(op, dtype, unsafe { input.bytes_mut(piece.clone()) }, acc, y)
+                // The last step: result = acc op x(p - 1).
+                let last = p - 1;
+                match out {
+                    Out::Separate(o) => fold_into(op, dtype, &mut o[local.clone()], acc, x(last)),
+                    Out::InPlace if r == last => {
+                        fold_rev(op, dtype, acc, unsafe { input.bytes_mut(piece.clone()) })
+                    }
+                    Out::InPlace => {
+                        let y = x(last);
+                        fold_into(op, dtype, unsafe { input.bytes_mut(piece.clone()) }, acc, y)
+                    }
                 }
             }
-        }
-        let done = match &mut out {
-            Out::InPlace => unsafe { input.bytes_mut(piece.clone()) },
-            Out::Separate(o) => &mut o[local],
-        };
-        finish(op, dtype, done, p);
+            let done = match out {
+                Out::InPlace => unsafe { input.bytes_mut(piece.clone()) },
+                Out::Separate(o) => &mut o[local.clone()],
+            };
+            finish(op, dtype, done, p);
+        })
+        .await?;
     }
     Ok(())
 }
