@@ -154,11 +154,33 @@ impl Layout {
                 want: self.len,
             });
         }
-        let all = Tensor::f_from_slice(flat)?;
+        self.views(&Tensor::f_from_slice(flat)?)
+    }
+
+    /// Views of a flat `f32` tensor of the layout's length (one dimension,
+    /// contiguous), one per variable and shaped like it, in layout order:
+    /// no copy — the views share `flat`'s memory (a registered buffer a
+    /// collective reduced in place, say).
+    pub fn views(&self, flat: &Tensor) -> Result<Vec<Tensor>, Error> {
+        let kind = flat.f_kind()?;
+        if kind != Kind::Float {
+            return Err(Error::NotF32 {
+                name: "the flat buffer".into(),
+                kind,
+            });
+        }
+        if flat.dim() != 1 || !flat.is_contiguous() || flat.numel() != self.len {
+            return Err(Error::State(format!(
+                "a flat buffer is one contiguous dimension of {} elements, not {:?} with strides {:?}",
+                self.len,
+                flat.size(),
+                flat.stride()
+            )));
+        }
         self.entries
             .iter()
             .map(|e| {
-                Ok(all
+                Ok(flat
                     .f_narrow(0, e.offset as i64, e.len as i64)?
                     .f_view(e.shape.as_slice())?)
             })
@@ -214,6 +236,20 @@ mod tests {
             layout.gather(&grads[..1], &mut back),
             Err(Error::BufferLength { .. })
         ));
+    }
+
+    #[test]
+    fn views_share_the_flat_buffer_and_refuse_other_shapes() {
+        let layout = Layout::of(&store()).unwrap();
+        let flat = Tensor::arange(10, (Kind::Float, Device::Cpu));
+        let views = layout.views(&flat).unwrap();
+        assert_eq!(views[1].size(), [2, 3]);
+        assert_eq!(views[1].data_ptr() as usize, flat.data_ptr() as usize + 16);
+        let _ = flat.narrow(0, 4, 1).fill_(-1.0);
+        assert_eq!(views[1].double_value(&[0, 0]), -1.0);
+        assert!(layout.views(&flat.narrow(0, 0, 9)).is_err());
+        assert!(layout.views(&flat.reshape([2, 5])).is_err());
+        assert!(layout.views(&flat.to_kind(Kind::Double)).is_err());
     }
 
     #[test]

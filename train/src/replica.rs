@@ -146,6 +146,18 @@ impl<M: Model, D: DataSource> Replica<M, D> {
         Ok(())
     }
 
+    /// [`Self::apply_mean`] from a flat `f32` tensor of the layout's length,
+    /// without copying it: the optimizer reads views of it (a gradient
+    /// buffer in registered memory that a collective reduced in place).
+    /// The same update, bit for bit.
+    pub fn apply_mean_tensor(&mut self, mean: &Tensor) -> Result<(), Error> {
+        let next = self.next_step()?;
+        let grads = self.layout.views(mean)?;
+        self.optimizer.step(&grads)?;
+        self.step = next;
+        Ok(())
+    }
+
     /// Drops the current step: its batch is skipped and the step counter
     /// advances; nothing else changes (no optimizer update, no optimizer
     /// state). A job skips a step whose mean gradient is not finite this

@@ -788,8 +788,12 @@ async fn steps(
                     }
                 }
             } else if computed {
-                // Every rank has the same mean: every rank applies it.
-                let delivered = mesh.cast(&all, &TrainerMsg::Commit { step }).await?;
+                // Every rank has the same mean: every rank applies it. The
+                // commit is not waited for: the next step's `Compute` (or a
+                // checkpoint, or the final state) is ordered after it at
+                // every member, and a rank that did not get it fails that
+                // next request, which recovers as a failed step does.
+                mesh.cast_nowait(&all, &TrainerMsg::Commit { step }).await?;
                 *committed += 1;
                 consecutive_skips = 0;
                 if nan_restored.is_some_and(|(s, _)| s < *committed) {
@@ -813,13 +817,6 @@ async fn steps(
                 report
                     .recovery
                     .extend(pending_faults.drain(..).map(|f| now.duration_since(f)));
-                if !delivered.is_complete() {
-                    *committed =
-                        recover(config, mesh, procs, g, *committed, report, events).await?;
-                    epoch = epoch.wrapping_add(1);
-                    committed_now.store(*committed, Relaxed);
-                    continue;
-                }
                 if config.checkpoint_every > 0 && committed.is_multiple_of(config.checkpoint_every)
                 {
                     checkpoint_due = true;

@@ -249,6 +249,11 @@ impl AnyReplica {
         each!(self, r => r.apply_mean(mean))
     }
 
+    /// Applies the mean gradients of a flat tensor, without a copy.
+    pub fn apply_mean_tensor(&mut self, mean: &tch::Tensor) -> Result<(), Error> {
+        each!(self, r => r.apply_mean_tensor(mean))
+    }
+
     /// Drops the current step (the counter advances, nothing is applied).
     pub fn skip_step(&mut self) -> Result<(), Error> {
         each!(self, r => r.skip_step())

@@ -29,12 +29,12 @@ use std::time::Instant;
 
 use regent_mesh::{ActorError, Member, MeshActor, Rank};
 use regent_rdma::{LocalBuffer, RemoteBuffer};
-use regent_tensor::{CollectiveConfig, Communicator, ReduceOp};
+use regent_tensor::dtype::DType;
+use regent_tensor::{CollectiveConfig, Communicator, ReduceOp, TensorBuffer};
 use serde::{Deserialize, Serialize};
 
 use super::spec::{AnyReplica, JobSpec};
 use super::store;
-use crate::reduce::divide_by_world;
 use regent_tensor::transport::mesh::MeshTransport;
 
 /// The data channels the job's collectives use: `COLLECTIVE_TAG_BASE +
@@ -178,25 +178,21 @@ pub struct Trainer {
     world: usize,
     /// The communicator of a generation and epoch.
     comm: Option<(regent_net::Generation, u32, Communicator<MeshTransport>)>,
-    pending: Option<(u64, Vec<f32>)>,
-    /// This rank's gradients, then (in place) the mean.
-    grads: Vec<f32>,
-    /// A buffer of the gradient's length a committed mean left (so that a
-    /// step allocates none).
-    spare: Vec<f32>,
+    /// The step whose mean is in `grads`, waiting for its commit.
+    pending: Option<u64>,
+    /// This rank's gradients, then (reduced in place, in registered memory:
+    /// no staging copy) the pending mean, which the optimizer reads through
+    /// views (no unflattening copy).
+    grads: TensorBuffer,
     /// The exposed state, kept registered until replaced.
     exposed: Option<LocalBuffer>,
     fresh: bool,
 }
 
 impl Trainer {
-    /// The communicator of the current generation and `epoch`: the one in
-    /// use, or a new one on the epoch's channel.
-    async fn communicator(
-        &mut self,
-        member: &Member,
-        epoch: u32,
-    ) -> Result<&mut Communicator<MeshTransport>, String> {
+    /// Makes `comm` the communicator of the current generation and
+    /// `epoch`: the one in use, or a new one on the epoch's channel.
+    async fn communicator(&mut self, member: &Member, epoch: u32) -> Result<(), String> {
         let generation = member.generation();
         if self
             .comm
@@ -219,7 +215,7 @@ impl Trainer {
                 .map_err(|e| e.to_string())?;
             self.comm = Some((generation, epoch, comm));
         }
-        Ok(&mut self.comm.as_mut().expect("set above").2)
+        Ok(())
     }
 
     async fn compute(
@@ -241,9 +237,9 @@ impl Trainer {
         let rank = member.rank().0 as usize;
         let loss = self
             .replica
-            .rank_gradients(rank, self.world, &mut self.grads)?;
+            .rank_gradients(rank, self.world, self.grads.as_f32_mut()?)?;
         if poison == Some(member.rank().0)
-            && let Some(g) = self.grads.first_mut()
+            && let Some(g) = self.grads.as_f32_mut()?.first_mut()
         {
             // A real NaN in the real gradient: the all-reduce carries it to
             // every rank's mean.
@@ -252,36 +248,33 @@ impl Trainer {
         let share = loss * crate::loss_scale(self.replica.global_batch(), rank, self.world)?
             / self.world as f64;
         let reduce_start = Instant::now();
-        // Reduced in place (no tensor, no allocation); the sum becomes the
-        // pending mean, and the next step's gradients go into the buffer the
-        // last commit left.
-        let mut grads = std::mem::take(&mut self.grads);
+        // Reduced in place where it lies (registered memory: no copy in or
+        // out, no allocation) to the pending mean: the exact collective's
+        // mean is the rank-order sum divided by the world in f32, as
+        // `crate::reduce::mean_in_rank_order` (the reference) computes it,
+        // and each member divides only the chunk it reduced, while it is
+        // in cache.
         let reduced = match self.communicator(member, epoch).await {
-            Ok(comm) => comm
-                .all_reduce_f32(&mut grads, ReduceOp::Sum)
-                .await
-                .map_err(|e| e.to_string()),
+            Ok(()) => {
+                let comm = &mut self.comm.as_mut().expect("set by communicator()").2;
+                comm.all_reduce(&mut self.grads, ReduceOp::Mean)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = reduced {
-            self.grads = grads;
             self.comm = None;
             return Ok(TrainerReply::Broken(e));
         }
         let reduce_ms = reduce_start.elapsed().as_secs_f64() * 1e3;
-        let len = grads.len();
-        self.grads = match std::mem::take(&mut self.spare) {
-            spare if spare.len() == len => spare,
-            _ => vec![0.0; len],
-        };
-        let mut mean = grads;
-        divide_by_world(&mut mean, self.world)?;
+        let mean = self.grads.as_f32()?;
         // The mean is finite exactly when the sum is (the division by the
         // world cannot overflow or make a NaN). One pass over the mean, not
         // libtorch's `isfinite().all()` (five passes and three temporary
         // tensors: a fifth of the 4-proc MLP job's CPU per step).
-        let finite = share.is_finite() && all_finite(&mean);
-        self.pending = Some((step, mean));
+        let finite = share.is_finite() && all_finite(mean);
+        self.pending = Some(step);
         Ok(TrainerReply::Computed {
             step,
             loss: share,
@@ -325,7 +318,8 @@ impl MeshActor for Trainer {
                 format!("the mesh has {world} members, the job {}", args.spec.world).into(),
             );
         }
-        let grads = vec![0.0; replica.gradient_len()];
+        let len = replica.gradient_len() as u64;
+        let grads = TensorBuffer::zeros(member.buffers()?, DType::F32, &[len])?;
         // A first start begins at the initial state; a restarted life takes
         // a peer's state or a checkpoint when the controller says which.
         let fresh = member.start().is_restart();
@@ -336,7 +330,6 @@ impl MeshActor for Trainer {
             comm: None,
             pending: None,
             grads,
-            spare: Vec::new(),
             exposed: None,
             fresh,
         })
@@ -350,7 +343,7 @@ impl MeshActor for Trainer {
         Ok(match msg {
             TrainerMsg::Status => TrainerReply::Status {
                 step: self.replica.step(),
-                pending: self.pending.as_ref().map(|(s, _)| *s),
+                pending: self.pending,
                 fresh: self.fresh,
             },
             TrainerMsg::Compute {
@@ -367,12 +360,8 @@ impl MeshActor for Trainer {
             }
             TrainerMsg::Commit { step } => {
                 match self.pending.take() {
-                    Some((s, mean)) if s == step => {
-                        self.replica.apply_mean(&mean)?;
-                        self.spare = mean;
-                    }
-                    Some(other) => self.pending = Some(other),
-                    None => {}
+                    Some(s) if s == step => self.replica.apply_mean_tensor(self.grads.tensor())?,
+                    other => self.pending = other,
                 }
                 TrainerReply::Step(self.replica.step())
             }
