@@ -66,8 +66,9 @@ fn sim_types(name: &str) -> Option<&'static crate::registry::ActorType> {
     (name == SimMember::NAME).then_some(&SIM_MEMBER)
 }
 
-/// A command and the hops it has taken (1: sent by the controller).
-type Hopped = (u32, ProcCommand);
+/// A command, the hops it has taken (1: sent by the controller) and its
+/// sender.
+type Hopped = (u32, ProcId, ProcCommand);
 
 struct World {
     inboxes: Vec<mpsc::UnboundedSender<Hopped>>,
@@ -106,7 +107,7 @@ impl Fabric for SimFabric {
             .get(proc as usize)
             .ok_or_else(|| SendProblem::Other(format!("no proc {proc}")))
             .and_then(|tx| {
-                tx.send((hops, cmd))
+                tx.send((hops, self.me.clone(), cmd))
                     .map_err(|_| SendProblem::Other(format!("proc {proc} is gone")))
             });
         async move { r }.boxed()
@@ -218,10 +219,11 @@ impl SimWorld {
             let owner = root.clone();
             tasks.push(tokio::spawn(async move {
                 let mut rt = ProcRuntime::start(fabric.clone(), p, None, None, sim_types);
-                while let Some((hops, cmd)) = rx.recv().await {
+                while let Some((hops, sender, cmd)) = rx.recv().await {
                     fabric.hops.store(hops, Ordering::Relaxed);
-                    // The simulation's commands all come from its root.
-                    if rt.handle(cmd, true, &owner).await.is_some() {
+                    // The root is the owner; procs only forward casts.
+                    let from_owner = sender == owner;
+                    if rt.handle(cmd, from_owner, &sender).await.is_some() {
                         break;
                     }
                 }
@@ -354,10 +356,23 @@ impl SimWorld {
         node::collect(&self.root_pending, d).await
     }
 
+    /// Casts through the tree as proc `rank` does for its members (the
+    /// frame's root is there) and collects the result.
+    #[cfg(test)]
+    async fn cast_from(&self, rank: u32, info: &MeshInfo, frame: &CastFrame) -> Contribution {
+        let me = self.ids[rank as usize].clone();
+        let pending = self.world.pending[&me].clone();
+        let mut frame = frame.clone();
+        frame.origin.proc = me.clone();
+        let fabric = SimFabric::new(&self.world, me);
+        let d = node::dispatch(&fabric, &pending, info, &frame, None).await;
+        node::collect(&pending, d).await
+    }
+
     /// Tells every proc to exit and waits for them.
     async fn exit(self) -> Result<(), SimError> {
         for tx in &self.world.inboxes {
-            let _ = tx.send((1, ProcCommand::Exit));
+            let _ = tx.send((1, self.root.clone(), ProcCommand::Exit));
         }
         for t in self.tasks {
             t.await.map_err(err)??;
@@ -496,8 +511,13 @@ mod tests {
         let frame = sim
             .frame(&next, Collect::Gather, Duration::from_secs(20))
             .unwrap();
+        // From the controller, which never sends ahead of its procs, such a
+        // cast is refused at once.
+        let refused = sim.cast(&next, &frame).await;
+        assert_eq!(refused.failed.len(), 1, "{refused:?}");
+        assert_eq!(refused.failed[0].0, 1);
         let c = {
-            let cast = sim.cast(&next, &frame);
+            let cast = sim.cast_from(0, &next, &frame);
             tokio::pin!(cast);
             // Held at proc 1, not refused as of another generation.
             assert!(
@@ -506,6 +526,15 @@ mod tests {
                     .is_err(),
                 "the cast was answered before proc 1 learned its generation"
             );
+            // Casts of other senders pass it: the controller's, still in
+            // generation 0, reaches rank 1 (proc 0 has moved on).
+            let old = sim
+                .frame(&info, Collect::Gather, Duration::from_secs(20))
+                .unwrap();
+            let c = tokio::time::timeout(Duration::from_secs(10), sim.cast(&info, &old))
+                .await
+                .expect("a cast of another sender waited behind the held one");
+            assert_eq!(ranks(&c.values), vec![1], "{c:?}");
             update(&sim, &next, 1).await;
             cast.await
         };
@@ -517,7 +546,7 @@ mod tests {
             .frame(&generation(&info, 2), Collect::Gather, budget)
             .unwrap();
         let t = Instant::now();
-        let c = sim.cast(&generation(&info, 2), &frame).await;
+        let c = sim.cast_from(0, &generation(&info, 2), &frame).await;
         assert!(t.elapsed() >= budget.mul_f64(0.7), "{:?}", t.elapsed());
         assert_eq!(c.failed.len(), 2, "{c:?}");
         for (_, e) in &c.failed {

@@ -15,7 +15,7 @@
 //! yields, and the proc exits ([`ProcExit::MemberStuck`](super::ProcExit))
 //! instead of starting a second one beside it.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -557,30 +557,35 @@ async fn watch_life(
 /// results beside it.
 ///
 /// A cast this proc cannot serve yet is held, not refused: one for a
-/// generation newer than the proc knows (the owner's update or respawn that
-/// brings it is on its way here — the sender's proc learned it first), or
-/// one for members being respawned (their new lives are about to take
-/// their slots). While one is held, every later cast queues behind it, so
-/// that casts keep their arrival order at every member; held casts fail
-/// once their budget runs out (or the mesh stops) first.
+/// generation newer than the proc knows, from a proc of the mesh (the
+/// owner's update or respawn that brings the generation is on its way here;
+/// the sender's proc learned it first — the command loop refuses it from
+/// anyone else), or one for members being respawned (their new lives are
+/// about to take their slots). A held cast keeps its place: a later cast of
+/// the same origin waits behind it (a sender's generations only grow, so
+/// one of an older generation does not: its sender is confused, and no
+/// order is owed to it), while casts of other senders pass. Held casts fail
+/// when they have waited `MAX_HOLD` or their budget, or the mesh stops.
 async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame>) {
     let mut status = shared.known.status.subscribe();
     let mut starting = shared.starting.subscribe();
-    let mut held: VecDeque<(tokio::time::Instant, CastFrame)> = VecDeque::new();
+    let mut held: Vec<Held> = Vec::new();
     loop {
-        let expiry = held.iter().map(|(until, _)| *until).min();
+        let expiry = held.iter().map(Held::until).min();
         tokio::select! {
             frame = casts.recv() => {
                 let Some(frame) = frame else { break };
-                if held.is_empty() && servable(&shared, &frame) {
-                    serve_cast(&shared, frame, false).await;
+                if !behind(&held, &frame) && servable(&shared, &frame) {
+                    serve_cast(&shared, frame).await;
                     continue;
                 }
                 if held.len() >= QUEUED_CASTS {
                     fail(&shared, &frame, "proc overloaded: its casts to this mesh are backed up");
                 } else {
-                    let budget = Duration::from_millis(u64::from(frame.budget_ms));
-                    held.push_back((tokio::time::Instant::now() + budget, frame));
+                    held.push(Held {
+                        arrived: tokio::time::Instant::now(),
+                        frame,
+                    });
                 }
             }
             changed = status.changed(), if !held.is_empty() => {
@@ -599,9 +604,38 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
         starting.borrow_and_update();
         release_held(&shared, &mut held, done).await;
     }
-    for (_, frame) in held {
-        fail(&shared, &frame, "the mesh stopped");
+    for h in held {
+        fail(&shared, &h.frame, "the mesh stopped");
     }
+}
+
+/// A cast waiting in the dispatcher.
+struct Held {
+    arrived: tokio::time::Instant,
+    frame: CastFrame,
+}
+
+impl Held {
+    fn budget(&self) -> Duration {
+        Duration::from_millis(u64::from(self.frame.budget_ms))
+    }
+
+    /// When it fails if still held.
+    fn until(&self) -> tokio::time::Instant {
+        self.arrived + self.budget().min(MAX_HOLD)
+    }
+}
+
+/// The longest a cast is held for a generation or a respawn (see
+/// `run_dispatcher`): well beyond the time the owner's commands take to
+/// reach every proc, and about what stopping a member's old life may take.
+const MAX_HOLD: Duration = Duration::from_secs(5);
+
+/// Whether `frame` must wait behind a held cast: one of the same origin and
+/// a generation no newer than its own.
+fn behind(held: &[Held], frame: &CastFrame) -> bool {
+    held.iter()
+        .any(|h| h.frame.origin == frame.origin && h.frame.generation <= frame.generation)
 }
 
 /// Whether a cast can be forwarded and delivered now: its generation is
@@ -630,54 +664,49 @@ async fn sleep_until_some(until: Option<tokio::time::Instant>) {
     }
 }
 
-/// Fails the held casts whose budget ran out (all, once the mesh is done),
-/// then serves the held casts in order while the first can be served.
-async fn release_held(
-    shared: &Shared,
-    held: &mut VecDeque<(tokio::time::Instant, CastFrame)>,
-    done: bool,
-) {
+/// Goes through the held casts in order: fails those that waited too long
+/// (all, once the mesh is done) and serves those that can be served and are
+/// not behind one still held.
+async fn release_held(shared: &Shared, held: &mut Vec<Held>, done: bool) {
     if held.is_empty() {
         return;
     }
     let now = tokio::time::Instant::now();
     let known = shared.known.info().generation;
-    held.retain(|(until, frame)| {
-        let why = if done {
-            "the mesh stopped"
-        } else if *until > now {
-            return true;
-        } else if frame.generation > known {
-            "cast for a generation of the mesh this proc did not learn within the cast's budget"
+    let mut kept: Vec<Held> = Vec::with_capacity(held.len());
+    for h in std::mem::take(held) {
+        let frame = &h.frame;
+        if done || h.until() <= now {
+            let why = if done {
+                "the mesh stopped"
+            } else if frame.generation > known {
+                "cast for a generation of the mesh this proc did not learn in time"
+            } else {
+                "the members it selects here did not restart in time"
+            };
+            fail(shared, frame, why);
+        } else if !behind(&kept, frame) && servable(shared, frame) {
+            // What is left of its budget after the wait.
+            let left = h
+                .budget()
+                .saturating_sub(now.saturating_duration_since(h.arrived));
+            let mut frame = h.frame;
+            frame.budget_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+            serve_cast(shared, frame).await;
         } else {
-            "the members it selects here did not restart within the cast's budget"
-        };
-        fail(shared, frame, why);
-        false
-    });
-    while held
-        .front()
-        .is_some_and(|(_, frame)| servable(shared, frame))
-    {
-        let (until, mut frame) = held.pop_front().expect("a front");
-        // What is left of its budget after the wait.
-        let left = until.saturating_duration_since(tokio::time::Instant::now());
-        frame.budget_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
-        serve_cast(shared, frame, true).await;
+            kept.push(h);
+        }
     }
+    *held = kept;
 }
 
-async fn serve_cast(shared: &Shared, frame: CastFrame, held: bool) {
+/// Forwards and delivers one cast of the generation in force.
+async fn serve_cast(shared: &Shared, frame: CastFrame) {
     let fabric = shared.services.fabric.clone();
     let pending = shared.services.pending.clone();
     let info = shared.known.info();
     if frame.generation != info.generation {
         fail(shared, &frame, "cast for another generation of the mesh");
-        return;
-    }
-    if held && let Err(e) = frame.validate_at(&info, shared.proc_rank) {
-        tracing::warn!(mesh = %info.name, error = %e, "an invalid cast refused");
-        fail(shared, &frame, &format!("refused: an invalid cast ({e})"));
         return;
     }
     let members: LocalMembers = shared

@@ -413,14 +413,15 @@ impl ProcRuntime {
                 "refused: the cast does not carry the mesh's capability",
             );
         }
-        if frame.generation < info.generation {
+        // A cast for a newer generation from a proc of the mesh waits in the
+        // mesh's dispatcher for the owner's update (the sender's proc
+        // learned it first); from anyone else it is refused.
+        let ahead = frame.generation > info.generation && info.proc_rank(sender).is_some();
+        if frame.generation != info.generation && !ahead {
             return self.fail_subtree(frame, "cast for another generation of the mesh");
         }
-        // A cast for a newer generation waits in the mesh's dispatcher for
-        // the owner's update, and is checked against the mesh then.
-        if frame.generation == info.generation
-            && let Err(e) = frame.validate_at(&info, hosted.proc_rank)
-        {
+        // What validate_at checks does not change with the generation.
+        if let Err(e) = frame.validate_at(&info, hosted.proc_rank) {
             self.refused += 1;
             tracing::warn!(from = %sender, mesh = %info.name, error = %e, "an invalid cast refused");
             return self.fail_subtree(frame, &format!("refused: an invalid cast ({e})"));
