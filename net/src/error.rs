@@ -70,6 +70,11 @@ pub enum LinkFailure {
     /// QUIC's idle timeout expired (no packet within `failure_timeout`).
     #[error("QUIC idle timeout")]
     IdleTimeout,
+    /// The peer closed its endpoint in order: it is shutting down (a proc
+    /// that exits closes its endpoint on the way out), so whoever tracks its
+    /// process may learn why it ended.
+    #[error("the peer shut its endpoint down")]
+    PeerShutdown,
     /// The connection failed or was closed by the peer.
     #[error("connection lost: {0}")]
     ConnectionLost(String),

@@ -385,7 +385,7 @@ async fn handle_incoming(inner: Arc<Inner>, incoming: quinn::Incoming, slot: Own
         &mut shutdown,
     )
     .await;
-    link::close(&conn, code::FAILED, &failure.to_string());
+    link::close(&conn, link::close_code(&failure), &failure.to_string());
     streams.abort();
     inner.inbound.disconnected(&peer, &conn);
     if failure != LinkFailure::EndpointClosed {

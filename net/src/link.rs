@@ -30,6 +30,17 @@ pub(crate) mod code {
 /// Largest chunk read from a stream at once.
 pub(crate) const READ_CHUNK_BYTES: usize = 64 << 10;
 
+/// The code a link closes its connection with after `failure`: an orderly
+/// shutdown when this endpoint is closing (the peer then learns that this
+/// side shut down, not that the link failed), else a failure.
+pub(crate) fn close_code(failure: &LinkFailure) -> VarInt {
+    if *failure == LinkFailure::EndpointClosed {
+        code::SHUTDOWN
+    } else {
+        code::FAILED
+    }
+}
+
 /// Classifies a connection error as a link failure.
 pub(crate) fn classify(e: &ConnectionError) -> LinkFailure {
     match e {
@@ -43,6 +54,9 @@ pub(crate) fn classify(e: &ConnectionError) -> LinkFailure {
         }
         ConnectionError::ApplicationClosed(c) if c.error_code == code::REFUSED => {
             LinkFailure::Refused(String::from_utf8_lossy(&c.reason).into_owned())
+        }
+        ConnectionError::ApplicationClosed(c) if c.error_code == code::SHUTDOWN => {
+            LinkFailure::PeerShutdown
         }
         other => LinkFailure::ConnectionLost(other.to_string()),
     }

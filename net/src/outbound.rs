@@ -493,7 +493,7 @@ async fn drive_session(inner: Arc<Inner>, session: Arc<Session>, first_addr: Soc
                 )
                 .await;
                 session.link.send_replace(Link::Connecting);
-                link::close(&hs.conn, code::FAILED, &failure.to_string());
+                link::close(&hs.conn, link::close_code(&failure), &failure.to_string());
                 if failure == LinkFailure::EndpointClosed {
                     break failure;
                 }

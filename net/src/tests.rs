@@ -708,3 +708,37 @@ async fn a_link_opened_from_a_runtime_that_ends_outlives_it() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_closes_its_endpoint_is_reported_shut_down_not_lost() {
+    // Whoever tracks the peer's process waits for its exit report on this
+    // cause (mesh routing), rather than taking the link's failure as why the
+    // proc ended.
+    let ca = ClusterCa::generate("test").unwrap();
+    let a = bind(&ca, "a", EndpointConfig::default());
+    let b = bind(&ca, "b", EndpointConfig::default());
+    let mut a_events = a.take_events().unwrap();
+    a.add_route(b.addr());
+    let mut inbox = b
+        .open_port(pid("b").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    let from = pid("a").actor("src", 0).unwrap();
+    a.send(&from, inbox.port(), Generation(0), Num(1))
+        .await
+        .unwrap();
+    recv(&mut inbox).await;
+    b.close();
+    let failed = next_event(&mut a_events, "link failed", |e| {
+        matches!(
+            e,
+            TransportEvent::LinkFailed { .. } | TransportEvent::LinkClosed { .. }
+        )
+    })
+    .await;
+    let (TransportEvent::LinkFailed { cause, .. } | TransportEvent::LinkClosed { cause, .. }) =
+        failed
+    else {
+        unreachable!()
+    };
+    assert_eq!(cause, LinkFailure::PeerShutdown);
+}

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Weak};
 
-use regent_net::{ProcId, TransportEvent};
+use regent_net::{LinkFailure, ProcId, TransportEvent};
 use tokio::sync::mpsc;
 
 use super::supervise::Signal;
@@ -105,6 +105,20 @@ pub(super) async fn route_proc_events(inner: Weak<Inner>, mut events: mpsc::Rece
     }
 }
 
+/// How long a link closed by a peer shutting down waits for an allocator's
+/// report of that proc's exit before it counts as the failure.
+const EXIT_REPORT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A proc's link failed: every supervisor hears of it, and the proc is lost.
+fn link_lost(rt: &Runtime, peer: &ProcId, cause: &LinkFailure) {
+    let detail = cause.to_string();
+    rt.signal_all(|| Signal::Link {
+        proc: peer.clone(),
+        detail: detail.clone(),
+    });
+    rt.mark_lost(peer);
+}
+
 pub(super) async fn route_transport_events(
     inner: Weak<Inner>,
     mut events: mpsc::Receiver<TransportEvent>,
@@ -124,14 +138,32 @@ pub(super) async fn route_transport_events(
         let rt = Runtime { inner };
         match event {
             TransportEvent::LinkFailed { peer, cause, .. }
-            | TransportEvent::LinkClosed { peer, cause } => {
-                let detail = cause.to_string();
-                rt.signal_all(|| Signal::Link {
-                    proc: peer.clone(),
-                    detail: detail.clone(),
+            | TransportEvent::LinkClosed { peer, cause }
+                if cause == LinkFailure::PeerShutdown =>
+            {
+                // The peer closed its endpoint on its way out: the
+                // allocator's report of the exit (with its status: a stuck
+                // member, a panic) follows at once and is the better cause.
+                // Waited for briefly; the link's failure stands without it.
+                tokio::spawn(async move {
+                    let until = tokio::time::Instant::now() + EXIT_REPORT_GRACE;
+                    loop {
+                        let lost = &rt.inner.fabric.lost;
+                        let changed = lost.changed();
+                        tokio::pin!(changed);
+                        changed.as_mut().enable();
+                        if rt.is_lost(&peer) {
+                            return;
+                        }
+                        if tokio::time::timeout_at(until, changed).await.is_err() {
+                            break;
+                        }
+                    }
+                    link_lost(&rt, &peer, &cause);
                 });
-                rt.mark_lost(&peer);
             }
+            TransportEvent::LinkFailed { peer, cause, .. }
+            | TransportEvent::LinkClosed { peer, cause } => link_lost(&rt, &peer, &cause),
             TransportEvent::LinkUp { peer, .. } if rt.inner.leases.is_abandoned(&peer) => {
                 tracing::warn!(proc = %peer, "an abandoned proc came back; telling it to exit");
                 rt.tell_exit(&peer);
