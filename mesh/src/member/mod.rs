@@ -164,6 +164,11 @@ impl KnownMesh {
         self.info.read().expect("known mesh lock").clone()
     }
 
+    /// The generation the current life of `rank` began in.
+    pub(crate) fn life_began(&self, rank: Rank) -> Generation {
+        self.lives.lock().expect("lives lock").began(rank)
+    }
+
     /// A new generation is in force.
     pub(crate) fn update(&self, info: MeshInfo) {
         let generation = info.generation;

@@ -639,8 +639,8 @@ fn behind(held: &[Held], frame: &CastFrame) -> bool {
 }
 
 /// Whether a cast can be forwarded and delivered now: its generation is
-/// known here (an older one is refused when served) and none of the local
-/// members it selects is being respawned.
+/// known here (one the proc has since left reaches only survivors, when
+/// served) and none of the local members it selects is being respawned.
 fn servable(shared: &Shared, frame: &CastFrame) -> bool {
     let known = shared.known.info().generation;
     if frame.generation != known {
@@ -700,12 +700,16 @@ async fn release_held(shared: &Shared, held: &mut Vec<Held>, done: bool) {
     *held = kept;
 }
 
-/// Forwards and delivers one cast of the generation in force.
+/// Forwards and delivers one cast. The command loop took it in its
+/// generation; if the proc has moved on since (a restart's update arrived
+/// while the cast waited in the queue), it still reaches the lives that
+/// began in that generation or before (survivors), never a life of a later
+/// one, and procs further down judge it as they take it.
 async fn serve_cast(shared: &Shared, frame: CastFrame) {
     let fabric = shared.services.fabric.clone();
     let pending = shared.services.pending.clone();
     let info = shared.known.info();
-    if frame.generation != info.generation {
+    if frame.generation > info.generation {
         fail(shared, &frame, "cast for another generation of the mesh");
         return;
     }
@@ -714,7 +718,11 @@ async fn serve_cast(shared: &Shared, frame: CastFrame) {
         .lock()
         .expect("slots lock")
         .iter()
-        .map(|s| s.as_ref().map(|l| l.actor.clone()))
+        .map(|s| {
+            s.as_ref()
+                .filter(|l| shared.known.life_began(Rank(l.rank)) <= frame.generation)
+                .map(|l| l.actor.clone())
+        })
         .collect();
     let d = node::dispatch(fabric.as_ref(), &pending, &info, &frame, Some(&members)).await;
     if let Some(reply) = frame.reply {
