@@ -3,6 +3,12 @@
 //! without process boundaries. For tests of mesh logic, examples that should
 //! not fork, and simulations. It cannot model process faults (a kill aborts
 //! the proc's task and closes its endpoint).
+//!
+//! Like every allocator, it returns a proc only once the proc is ready: its
+//! ports are open and its runtime takes commands. The endpoint accepts
+//! connections from the moment it is bound, so a command that came before
+//! the proc opened its command port would be refused (`NoSuchPort`) and
+//! given back to a sender that expected an answer.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,7 +16,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use regent_net::{Endpoint, ProcCredentials, ProcId};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::alloc::{
@@ -20,6 +26,13 @@ use crate::proc::{self, ProcExit, ProcSetup};
 
 /// The bound on queued proc events.
 const EVENTS: usize = 1024;
+
+/// How long a proc may take to be ready (its payload plane started and its
+/// ports open), as the other allocators' default `start_timeout`.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Resolves when a started proc is ready, or with how its task ended first.
+type ReadyRx = oneshot::Receiver<Result<(), ProcStatus>>;
 
 struct Running {
     task: JoinHandle<()>,
@@ -51,7 +64,9 @@ impl InProcAllocator {
         }
     }
 
-    fn start(&self, boot: ProcBoot) -> Result<AllocatedProc, AllocError> {
+    /// Binds the proc's endpoint and starts its task; the proc is ready
+    /// when the returned receiver says so.
+    fn start(&self, boot: ProcBoot) -> Result<(AllocatedProc, ReadyRx), AllocError> {
         let credentials = ProcCredentials::from_pem(
             boot.proc.clone(),
             &boot.cert_pem,
@@ -72,6 +87,12 @@ impl InProcAllocator {
             &boot.key_pem,
             &boot.ca_pem,
         )?;
+        // Taken by whichever comes first: `serve` saying its ports are open,
+        // or the task ending without that. (The lock is held only for a
+        // `take`, which cannot panic, so it is never poisoned.)
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let ready_tx = std::sync::Arc::new(Mutex::new(Some(ready_tx)));
+        let on_ready = ready_tx.clone();
         let task = tokio::spawn(async move {
             let buffers = match regent_rdma::BufferManager::start(
                 regent_rdma::ManagerConfig::default(),
@@ -91,7 +112,13 @@ impl InProcAllocator {
                 owner_lease: lease,
                 buffers,
             };
-            let status = match proc::serve(setup, async { Ok(()) }).await {
+            let ready = async move {
+                if let Some(tx) = on_ready.lock().expect("ready lock").take() {
+                    let _ = tx.send(Ok(()));
+                }
+                Ok(())
+            };
+            let status = match proc::serve(setup, ready).await {
                 Ok(ProcExit::Requested) => ProcStatus::Code(0),
                 Ok(_) => ProcStatus::Code(1),
                 Err(e) => {
@@ -99,6 +126,9 @@ impl InProcAllocator {
                     ProcStatus::Code(2)
                 }
             };
+            if let Some(tx) = ready_tx.lock().expect("ready lock").take() {
+                let _ = tx.send(Err(status));
+            }
             let _ = events.try_send(ProcEvent::Exited {
                 proc: boot.proc,
                 status,
@@ -108,12 +138,13 @@ impl InProcAllocator {
             .lock()
             .expect("procs lock")
             .insert(proc.clone(), Running { task, endpoint });
-        Ok(AllocatedProc {
+        let allocated = AllocatedProc {
             proc,
             addr,
             host: "inproc".into(),
             pid: std::process::id(),
-        })
+        };
+        Ok((allocated, ready_rx))
     }
 
     fn kill(&self, proc: &ProcId) -> Result<(), AllocError> {
@@ -133,22 +164,63 @@ impl InProcAllocator {
     }
 }
 
+/// Waits until every started proc is ready, at most `timeout` in all.
+async fn await_ready(
+    started: &mut [(AllocatedProc, ReadyRx)],
+    timeout: Duration,
+) -> Result<(), AllocError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    for (p, ready) in started.iter_mut() {
+        match tokio::time::timeout_at(deadline, ready).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(status))) => {
+                return Err(AllocError::ExitedEarly {
+                    proc: p.proc.clone(),
+                    status,
+                });
+            }
+            // The task was aborted (a kill) before it was ready.
+            Ok(Err(_)) => {
+                return Err(AllocError::ExitedEarly {
+                    proc: p.proc.clone(),
+                    status: ProcStatus::Signal(9),
+                });
+            }
+            Err(_) => {
+                return Err(AllocError::NotReady {
+                    proc: p.proc.clone(),
+                    timeout,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Allocator for InProcAllocator {
     fn allocate(&self, boots: Vec<ProcBoot>) -> AllocFuture<'_, Vec<AllocatedProc>> {
         async move {
             let mut started = Vec::with_capacity(boots.len());
+            let mut failure = None;
             for boot in boots {
                 match self.start(boot) {
                     Ok(p) => started.push(p),
                     Err(e) => {
-                        for p in &started {
-                            let _ = self.kill(&p.proc);
-                        }
-                        return Err(e);
+                        failure = Some(e);
+                        break;
                     }
                 }
             }
-            Ok(started)
+            if failure.is_none() {
+                failure = await_ready(&mut started, START_TIMEOUT).await.err();
+            }
+            if let Some(e) = failure {
+                for (p, _) in &started {
+                    let _ = self.kill(&p.proc);
+                }
+                return Err(e);
+            }
+            Ok(started.into_iter().map(|(p, _)| p).collect())
         }
         .boxed()
     }
@@ -180,5 +252,87 @@ impl Drop for InProcAllocator {
             r.task.abort();
             r.endpoint.close();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use regent_net::{ClusterCa, Endpoint, EndpointConfig, Generation, ProcId, Role, Validity};
+
+    use super::InProcAllocator;
+    use crate::alloc::{Allocator, ProcBoot};
+    use crate::fabric::{proc_actor, proc_port};
+    use crate::protocol::{MeshId, ProcCommand, ProcReply, ReplyBody, names};
+
+    /// The moment `allocate` returns, the proc takes commands. On a
+    /// one-thread runtime nothing else runs until this test yields, so a
+    /// port the proc's task would open only later is not open yet: the
+    /// proc's endpoint would refuse the command (`NoSuchPort`), as it
+    /// refused a controller's `Spawn` that came too early, and the
+    /// controller waited out its call timeout for the answer.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_proc_takes_commands_once_allocate_returns() {
+        let ca = ClusterCa::generate("inproc test").unwrap();
+        let me = ProcId::new("controller").unwrap();
+        let local = "127.0.0.1:0".parse().unwrap();
+        let controller = Endpoint::bind(
+            ca.issue(&me, Role::Controller, Validity::job()).unwrap(),
+            local,
+            EndpointConfig::default(),
+        )
+        .unwrap();
+        let asker = me.actor(names::CONTROLLER, 0).unwrap();
+        let mut replies = controller.open_port(asker.port(names::REPLY_PORT)).unwrap();
+        let proc = ProcId::new("p0-0").unwrap();
+        let (cert_pem, key_pem, ca_pem) = ca
+            .issue(&proc, Role::Proc, Validity::job())
+            .unwrap()
+            .to_pem();
+        let boot = ProcBoot {
+            proc: proc.clone(),
+            ca_pem,
+            cert_pem,
+            key_pem,
+            bind: local,
+            parent: controller.addr(),
+            owner: controller.addr(),
+            owner_lease: Duration::from_secs(30),
+            endpoint: EndpointConfig::default(),
+            placement: Default::default(),
+        };
+        let alloc = InProcAllocator::new();
+        let allocated = alloc.allocate(vec![boot]).await.unwrap();
+        let commands = proc_port(&proc, names::COMMAND_PORT);
+        // No await since `allocate` returned: the proc's task has had a turn
+        // only if `allocate` waited for it.
+        let endpoint = alloc.procs.lock().unwrap()[&proc].endpoint.clone();
+        endpoint
+            .try_send(
+                &proc_actor(&proc),
+                &commands,
+                Generation(0),
+                ProcCommand::Renew,
+            )
+            .expect("the command port is open when allocate returns");
+        // And the owner's request, over QUIC, is answered.
+        controller.add_route(allocated[0].addr.clone());
+        let stop = ProcCommand::Stop {
+            call: 7,
+            reply_to: replies.port().clone(),
+            mesh: MeshId(1),
+        };
+        controller
+            .send(&asker, &commands, Generation(0), stop)
+            .await
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(20), replies.recv())
+            .await
+            .expect("an answer within 20 s")
+            .expect("the reply port is open");
+        let reply: ProcReply = answer.decode().unwrap();
+        assert_eq!(reply.call, 7);
+        assert!(matches!(reply.body, ReplyBody::Stopped), "{:?}", reply.body);
     }
 }

@@ -1093,7 +1093,9 @@ async fn calls_and_casts_retry_in_the_next_generation() {
         .unwrap();
     assert_eq!(
         vm.failed().iter().map(|(r, _)| r.0).collect::<Vec<_>>(),
-        vec![2]
+        vec![2],
+        "only rank 2 fails: {:?}",
+        vm.failed()
     );
     // With one, the call is sent again once the mesh runs in generation 1,
     // and completes.

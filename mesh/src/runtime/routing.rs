@@ -5,14 +5,14 @@
 
 use std::sync::{Arc, Weak};
 
-use regent_net::{LinkFailure, ProcId, TransportEvent};
+use regent_net::{LinkFailure, ProcId, TransportEvent, TypeTag, Undeliverable, UndeliveredCause};
 use tokio::sync::mpsc;
 
 use super::supervise::Signal;
 use super::{Inner, Runtime};
 use crate::alloc::{Allocator, ProcEvent};
 use crate::fabric::Pending;
-use crate::protocol::{MemberExited, ProcReply, ReplyBody, SpawnChild};
+use crate::protocol::{MemberExited, ProcCommand, ProcReply, ReplyBody, SpawnChild};
 
 pub(super) async fn dispatch_replies(pending: Arc<Pending>, mut replies: regent_net::Inbox) {
     while let Some(delivery) = replies.recv().await {
@@ -168,7 +168,27 @@ pub(super) async fn route_transport_events(
                 tracing::warn!(proc = %peer, "an abandoned proc came back; telling it to exit");
                 rt.tell_exit(&peer);
             }
+            TransportEvent::Undeliverable(u) => command_came_back(&rt, &u),
             _ => {}
         }
+    }
+}
+
+/// A command of this controller came back. One the proc refused (no such
+/// port, fenced) never reached the proc's runtime, and a request it carried
+/// gets no answer: said loudly, as nothing else reports it. One given back
+/// for another cause (a failed link, a restarted peer) may have been
+/// delivered, and the proc's loss is reported on its own.
+fn command_came_back(rt: &Runtime, u: &Undeliverable) {
+    let envelope = &u.envelope;
+    if envelope.sender != rt.inner.fabric.me || envelope.type_tag != TypeTag::of::<ProcCommand>() {
+        return;
+    }
+    let proc = envelope.receiver.proc();
+    match &u.cause {
+        UndeliveredCause::Rejected(cause) => {
+            tracing::warn!(%proc, port = %envelope.receiver, %cause, "a proc refused a command");
+        }
+        cause => tracing::debug!(%proc, %cause, "a command came back undeliverable"),
     }
 }
