@@ -895,19 +895,25 @@ async fn steps(
     Ok(())
 }
 
+/// Waits (30 s at most) for the mesh to run; an error if it stopped.
+async fn wait_running(mesh: &ActorMesh<Trainer>) -> Result<(), Error> {
+    let status = mesh
+        .wait_status(Duration::from_secs(30), |s| {
+            matches!(s, MeshStatus::Running) || s.is_done()
+        })
+        .await?;
+    if status.is_done() {
+        return Err(Error::Job(format!("the mesh stopped: {status:?}")));
+    }
+    Ok(())
+}
+
 /// Every member takes the newest checkpoint, again after any member fails
 /// meanwhile (a restore is idempotent); the step they are at.
 async fn restore_everyone(config: &JobConfig, mesh: &ActorMesh<Trainer>) -> Result<u64, Error> {
     let deadline = Instant::now() + config.step_timeout.max(Duration::from_secs(60)) * 2;
     loop {
-        let status = mesh
-            .wait_status(Duration::from_secs(30), |s| {
-                matches!(s, MeshStatus::Running) || s.is_done()
-            })
-            .await?;
-        if status.is_done() {
-            return Err(Error::Job(format!("the mesh stopped: {status:?}")));
-        }
+        wait_running(mesh).await?;
         match restore(mesh).await {
             Err(Error::Mesh(regent_mesh::MeshError::Members(_))) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -957,14 +963,7 @@ async fn recover(
         if Instant::now() > deadline {
             return Err(Error::Job("the mesh did not recover in time".into()));
         }
-        let status = mesh
-            .wait_status(Duration::from_secs(30), |s| {
-                matches!(s, MeshStatus::Running) || s.is_done()
-            })
-            .await?;
-        if status.is_done() {
-            return Err(Error::Job(format!("the mesh stopped: {status:?}")));
-        }
+        wait_running(mesh).await?;
         // A step may fail without any member lost (a collective's own
         // timeout): then the generation stays; give a restart a moment to
         // begin before taking stock.
