@@ -713,6 +713,8 @@ async fn serve_cast(shared: &Shared, frame: CastFrame) {
         fail(shared, &frame, "cast for another generation of the mesh");
         return;
     }
+    // Only a cast the proc has moved on from needs each life's generation.
+    let older = frame.generation < info.generation;
     let members: LocalMembers = shared
         .slots
         .lock()
@@ -720,7 +722,7 @@ async fn serve_cast(shared: &Shared, frame: CastFrame) {
         .iter()
         .map(|s| {
             s.as_ref()
-                .filter(|l| shared.known.life_began(Rank(l.rank)) <= frame.generation)
+                .filter(|l| !older || shared.known.life_began(Rank(l.rank)) <= frame.generation)
                 .map(|l| l.actor.clone())
         })
         .collect();
