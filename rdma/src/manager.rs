@@ -793,12 +793,7 @@ impl BufferManager {
                         slot_wait(started, deadline).map_err(at(i))?;
                         tokio::time::sleep(SLOT_RETRY).await;
                     }
-                    Err(e) => {
-                        if e.is_invalidated() {
-                            self.inner.peers.forget(reads[i].0);
-                        }
-                        return Err(at(i)(e));
-                    }
+                    Err(e) => return Err(at(i)(e)),
                 }
             };
             entered.push(Some(e));
@@ -820,13 +815,8 @@ impl BufferManager {
         drop(entered);
         // Complete only if every owner still had the buffer at the end.
         for (i, segment) in segments.iter().enumerate() {
-            if let Some(segment) = segment
-                && let Err(e) = segment.check()
-            {
-                if e.is_invalidated() {
-                    self.inner.peers.forget(reads[i].0);
-                }
-                return Err(at(i)(e));
+            if let Some(segment) = segment {
+                segment.check().map_err(at(i))?;
             }
         }
         Ok(r)
