@@ -139,11 +139,8 @@ impl<M: Model, D: DataSource> Replica<M, D> {
     /// The second half of a step: one optimizer update from the world's mean
     /// gradient (flat, layout order), then the step counter advances.
     pub fn apply_mean(&mut self, mean: &[f32]) -> Result<(), Error> {
-        let next = self.next_step()?;
         let grads = self.layout.unflatten(mean)?;
-        self.optimizer.step(&grads)?;
-        self.step = next;
-        Ok(())
+        self.apply(&grads)
     }
 
     /// [`Self::apply_mean`] from a flat `f32` tensor of the layout's length,
@@ -151,9 +148,15 @@ impl<M: Model, D: DataSource> Replica<M, D> {
     /// buffer in registered memory that a collective reduced in place).
     /// The same update, bit for bit.
     pub fn apply_mean_tensor(&mut self, mean: &Tensor) -> Result<(), Error> {
-        let next = self.next_step()?;
         let grads = self.layout.views(mean)?;
-        self.optimizer.step(&grads)?;
+        self.apply(&grads)
+    }
+
+    /// One optimizer update from per-variable gradients, then the step
+    /// counter advances.
+    fn apply(&mut self, grads: &[Tensor]) -> Result<(), Error> {
+        let next = self.next_step()?;
+        self.optimizer.step(grads)?;
         self.step = next;
         Ok(())
     }

@@ -190,32 +190,38 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Makes `comm` the communicator of the current generation and
-    /// `epoch`: the one in use, or a new one on the epoch's channel.
-    async fn communicator(&mut self, member: &Member, epoch: u32) -> Result<(), String> {
+    /// The communicator of the current generation and `epoch` in `comm`:
+    /// the one in use, or a new one on the epoch's channel. (A function of
+    /// the field, so that the caller can hand it the gradient buffer, another
+    /// field, at the same time.)
+    async fn communicator<'c>(
+        comm: &'c mut Option<(regent_net::Generation, u32, Communicator<MeshTransport>)>,
+        member: &Member,
+        epoch: u32,
+        args: &TrainerArgs,
+        world: usize,
+    ) -> Result<&'c mut Communicator<MeshTransport>, String> {
         let generation = member.generation();
-        if self
-            .comm
+        if comm
             .as_ref()
             .is_none_or(|(g, e, c)| *g != generation || *e != epoch || c.broken().is_some())
         {
             // The old one (and its channel's port) goes before the new one
             // opens.
-            self.comm = None;
-            let group: Vec<Rank> = (0..self.world as u32).map(Rank).collect();
+            *comm = None;
+            let group: Vec<Rank> = (0..world as u32).map(Rank).collect();
             // Invariant: the remainder is below 4096, and 1 + 4095 fits a u16.
             let tag = COLLECTIVE_TAG_BASE
                 + u16::try_from(epoch % COLLECTIVE_TAGS).expect("a remainder below 4096");
             let transport = MeshTransport::new(member, group, tag).map_err(|e| e.to_string())?;
-            let config = CollectiveConfig::default().timeout(std::time::Duration::from_millis(
-                self.args.collective_timeout_ms,
-            ));
-            let comm = Communicator::new(transport, config)
+            let config = CollectiveConfig::default()
+                .timeout(std::time::Duration::from_millis(args.collective_timeout_ms));
+            let built = Communicator::new(transport, config)
                 .await
                 .map_err(|e| e.to_string())?;
-            self.comm = Some((generation, epoch, comm));
+            *comm = Some((generation, epoch, built));
         }
-        Ok(())
+        Ok(&mut comm.as_mut().expect("set above").2)
     }
 
     async fn compute(
@@ -254,25 +260,23 @@ impl Trainer {
         // `crate::reduce::mean_in_rank_order` (the reference) computes it,
         // and each member divides only the chunk it reduced, while it is
         // in cache.
-        let reduced = match self.communicator(member, epoch).await {
-            Ok(()) => {
-                let comm = &mut self.comm.as_mut().expect("set by communicator()").2;
-                comm.all_reduce(&mut self.grads, ReduceOp::Mean)
+        let reduced =
+            match Self::communicator(&mut self.comm, member, epoch, &self.args, self.world).await {
+                Ok(comm) => comm
+                    .all_reduce(&mut self.grads, ReduceOp::Mean)
                     .await
-                    .map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e),
-        };
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
         if let Err(e) = reduced {
             self.comm = None;
             return Ok(TrainerReply::Broken(e));
         }
         let reduce_ms = reduce_start.elapsed().as_secs_f64() * 1e3;
         let mean = self.grads.as_f32()?;
-        // The mean is finite exactly when the sum is (the division by the
-        // world cannot overflow or make a NaN). One pass over the mean, not
-        // libtorch's `isfinite().all()` (five passes and three temporary
-        // tensors: a fifth of the 4-proc MLP job's CPU per step).
+        // One pass over the mean, not libtorch's `isfinite().all()` (five
+        // passes and three temporary tensors: a fifth of the 4-proc MLP
+        // job's CPU per step).
         let finite = share.is_finite() && all_finite(mean);
         self.pending = Some(step);
         Ok(TrainerReply::Computed {
