@@ -322,7 +322,8 @@ fn local_steps(spec: &JobSpec, threads: &[i32], steps: usize) -> anyhow::Result<
 
 /// One rank's own work in a step of the job, timed in this process on one
 /// thread (medians of `samples`): its gradients, and the optimizer update
-/// every replica makes.
+/// every replica makes — from a flat tensor, without a copy, as a trainer
+/// applies its reduced buffer.
 fn rank_work(spec: &JobSpec, samples: usize) -> anyhow::Result<(Duration, Duration)> {
     tch::set_num_threads(1);
     let mut replica = spec.build()?;
@@ -333,8 +334,9 @@ fn rank_work(spec: &JobSpec, samples: usize) -> anyhow::Result<(Duration, Durati
         let t = Instant::now();
         replica.rank_gradients(0, world, &mut grads)?;
         let took = t.elapsed();
+        let flat = tch::Tensor::f_from_slice(&grads)?;
         let t = Instant::now();
-        replica.apply_mean(&grads)?;
+        replica.apply_mean_tensor(&flat)?;
         if i >= WARMUP_STEPS {
             g.push(took);
             a.push(t.elapsed());
