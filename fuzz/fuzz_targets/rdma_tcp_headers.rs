@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use regent_rdma::{fuzz_tcp_request, fuzz_tcp_response};
 
 /// Bytes of a request header.
-const REQUEST_BYTES: usize = 40;
+const REQUEST_BYTES: usize = 44;
 /// Bytes of a response header.
 const RESPONSE_BYTES: usize = 8;
 

@@ -26,12 +26,22 @@
 //! needs no wait: the state store (SeqCst, so Release) orders the owner's
 //! earlier writes before any copy that sees the new state.
 //!
+//! A *window* narrows one exchange further ([`Window`]): a handle made by
+//! [`crate::LocalBuffer::open_window`] carries the window, every claim made
+//! through it checks (step 2, SeqCst) that the header's window word still
+//! holds it, and [`crate::LocalBuffer::close_window`] stores another value,
+//! snapshots the held slots and waits for them as a narrowing of access
+//! does. So once a window is closed, nobody holding its handle copies into
+//! or out of the buffer again, even if the buffer is opened to peers anew:
+//! a zombie of an exchange that failed cannot touch the next one's bytes.
+//!
 //! A slot of a process that died while copying is freed by the owner when
 //! it finds the process gone (a pidfd that polls readable, or no such
 //! process). A stopped peer keeps its slot: the owner's wait then ends at
 //! its deadline with [`crate::Error::Busy`], and the buffer keeps its
 //! previous access.
 
+use std::num::NonZeroU32;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -72,6 +82,36 @@ impl Access {
             Self::ReadOnly => STATE_READ_ONLY,
             Self::Local => STATE_LOCAL,
         }
+    }
+}
+
+/// A grant of peers' access to a registered buffer for one exchange: the
+/// value of the header's window word while it is open (never 0, which
+/// means no window is open). A handle carrying it works only while the
+/// owner keeps this window open (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Window(NonZeroU32);
+
+impl Window {
+    /// A window no earlier one of this process had (until the 32-bit
+    /// counter wraps, after 4 billion windows).
+    pub(crate) fn fresh() -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(1);
+        loop {
+            if let Some(w) = NonZeroU32::new(NEXT.fetch_add(1, Ordering::Relaxed)) {
+                return Self(w);
+            }
+        }
+    }
+
+    /// The window word's value.
+    pub(crate) fn get(self) -> u32 {
+        self.0.get()
+    }
+
+    /// The window of a word read off the wire (`None` for 0).
+    pub(crate) fn from_word(word: u32) -> Option<Self> {
+        NonZeroU32::new(word).map(Self)
     }
 }
 
@@ -152,19 +192,24 @@ pub(crate) enum Refusal {
     Full,
     /// The state word does not allow the operation (its value).
     State(u32),
+    /// The claim's window is no longer open.
+    Window,
 }
 
 /// The state word and slot table of one segment, as mapped here.
 #[derive(Clone, Copy)]
 pub(crate) struct Gate<'a> {
     pub(crate) state: &'a AtomicU32,
+    /// The open window (0: none).
+    pub(crate) window: &'a AtomicU32,
     pub(crate) slots: &'a [AtomicU64; SLOTS],
 }
 
 impl<'a> Gate<'a> {
     /// Claims a slot for a copy of `kind` by this process, then checks the
-    /// state. The slot is freed when the returned ticket drops.
-    pub(crate) fn enter(self, kind: Kind) -> Result<Ticket<'a>, Refusal> {
+    /// state and, for a claim made under a window, that the window is still
+    /// open. The slot is freed when the returned ticket drops.
+    pub(crate) fn enter(self, kind: Kind, window: Option<Window>) -> Result<Ticket<'a>, Refusal> {
         let start = NEXT_SLOT.fetch_add(1, Ordering::Relaxed);
         let value = slot_value(std::process::id(), start as u32, kind);
         let slot = (0..SLOTS)
@@ -181,11 +226,27 @@ impl<'a> Gate<'a> {
             STATE_READ_ONLY => kind == Kind::Read,
             _ => false,
         };
-        if allowed {
-            Ok(ticket)
-        } else {
-            Err(Refusal::State(state))
+        if !allowed {
+            return Err(Refusal::State(state));
         }
+        match window {
+            Some(w) if self.window.load(Ordering::SeqCst) != w.get() => Err(Refusal::Window),
+            _ => Ok(ticket),
+        }
+    }
+
+    /// Every claim held now, of any kind: to be called after a window is
+    /// closed (claims made later see it closed and refuse).
+    pub(crate) fn held(self) -> Waiting {
+        let mut waiting = Waiting::default();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let v = slot.load(Ordering::SeqCst);
+            if v != 0 {
+                waiting.claims.push((i, v));
+            }
+        }
+        self.settle(&mut waiting);
+        waiting
     }
 
     /// The claims of a kind that `previous` allowed and `access` forbids,

@@ -37,6 +37,11 @@ pub fn choose_backend(
             BackendKind::Ibverbs if remote.verbs().is_none() => {
                 Err("the owner registered no verbs region")
             }
+            // The NIC does not look at the header: a window could not be
+            // closed against it (that needs a new memory region per window).
+            BackendKind::Ibverbs if remote.window().is_some() => {
+                Err("a windowed handle is served by shm or tcp only")
+            }
             BackendKind::Shm if !local.shm => Err("shm is off here"),
             BackendKind::Shm if remote.shm().is_none() => Err("the owner serves no shm"),
             BackendKind::Shm if remote.host() != local.host => Err("the owner is on another host"),
@@ -127,6 +132,18 @@ mod tests {
         );
         let e = choose_backend(auto, &caps(2, true, false), &handle(1, true, false, false));
         assert!(matches!(e, Err(Error::NoBackend { .. })), "{e:?}");
+        // A windowed handle never goes through verbs (the NIC cannot be
+        // kept out of a closed window).
+        let windowed = handle(1, true, true, true).with_window(crate::Window::fresh());
+        assert_eq!(c(&caps(1, true, true), &windowed), BackendKind::Shm);
+        assert_eq!(c(&caps(2, true, true), &windowed), BackendKind::Tcp);
+        let e = choose_backend(
+            BackendPolicy::Only(BackendKind::Ibverbs),
+            &caps(1, true, true),
+            &windowed,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("windowed"), "{e}");
     }
 
     #[test]

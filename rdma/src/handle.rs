@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use regent_net::ProcId;
 use serde::{Deserialize, Serialize};
 
+use crate::access::Window;
 use crate::error::Error;
 
 /// The largest buffer that can be registered or named by a handle (1 TiB).
@@ -148,6 +149,7 @@ pub struct RemoteBuffer {
     shm: Option<ShmDescriptor>,
     tcp: Option<TcpDescriptor>,
     verbs: Option<VerbsDescriptor>,
+    window: Option<Window>,
 }
 
 /// The serialized form, checked by `TryFrom` before it becomes a handle.
@@ -161,6 +163,7 @@ struct HandleWire {
     shm: Option<ShmDescriptor>,
     tcp: Option<TcpDescriptor>,
     verbs: Option<VerbsDescriptor>,
+    window: Option<Window>,
 }
 
 impl TryFrom<HandleWire> for RemoteBuffer {
@@ -209,6 +212,7 @@ impl TryFrom<HandleWire> for RemoteBuffer {
             shm: w.shm,
             tcp: w.tcp,
             verbs: w.verbs,
+            window: w.window,
         })
     }
 }
@@ -224,6 +228,7 @@ impl From<RemoteBuffer> for HandleWire {
             shm: r.shm,
             tcp: r.tcp,
             verbs: r.verbs,
+            window: r.window,
         }
     }
 }
@@ -238,6 +243,7 @@ impl fmt::Debug for RemoteBuffer {
             .field("shm", &self.shm)
             .field("tcp", &self.tcp)
             .field("verbs", &self.verbs)
+            .field("window", &self.window)
             .finish_non_exhaustive()
     }
 }
@@ -264,6 +270,7 @@ impl RemoteBuffer {
             shm,
             tcp,
             verbs,
+            window: None,
         })
     }
 
@@ -305,6 +312,20 @@ impl RemoteBuffer {
     /// The verbs descriptor, if the owner registered it with a device.
     pub fn verbs(&self) -> Option<VerbsDescriptor> {
         self.verbs
+    }
+
+    /// The window this handle was granted under ([`Window`]): it works only
+    /// while its owner keeps that window open. `None` for a plain handle.
+    pub fn window(&self) -> Option<Window> {
+        self.window
+    }
+
+    /// This handle under `window` (made by the owner when it opens one).
+    pub(crate) fn with_window(&self, window: Window) -> Self {
+        Self {
+            window: Some(window),
+            ..self.clone()
+        }
     }
 
     /// Replaces the verbs descriptor (the owner re-registered the memory

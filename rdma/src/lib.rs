@@ -86,7 +86,7 @@ mod shm;
 mod tcp;
 mod verbs;
 
-pub use access::Access;
+pub use access::{Access, Window};
 pub use choice::{LocalCaps, choose_backend};
 pub use config::{BackendKind, BackendPolicy, ManagerConfig};
 pub use error::Error;

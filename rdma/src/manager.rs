@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use regent_net::{ProcCredentials, ProcId};
 
-use crate::access::{Access, Kind, STATE_RELEASED};
+use crate::access::{Access, Kind, STATE_RELEASED, Waiting, Window};
 use crate::choice::{LocalCaps, choose_backend};
 use crate::config::{BackendKind, BackendPolicy, ManagerConfig};
 use crate::error::Error;
@@ -216,27 +216,65 @@ impl LocalBuffer {
         // The new state is stored: peers' new copies are refused from now
         // on, so the wait is for the copies already claimed, and ends once
         // each of those is done.
+        let waiting = self.region.gate().conflicting(change.previous, access);
+        // On `Busy`, `change` drops and restores the previous state.
+        self.wait_out(waiting, self.access_timeout).await?;
+        change.commit();
+        self.finish_change(access);
+        Ok(())
+    }
+
+    /// Waits until every claim in `waiting` is gone, or [`Error::Busy`]
+    /// after `timeout`.
+    async fn wait_out(&self, mut waiting: Waiting, timeout: Duration) -> Result<(), Error> {
         let gate = self.region.gate();
-        let mut waiting = gate.conflicting(change.previous, access);
         let started = Instant::now();
         let mut pause = Duration::from_micros(50);
         while !waiting.is_empty() {
             let waited = started.elapsed();
-            if waited >= self.access_timeout {
-                // `change` drops here and restores the previous state.
+            if waited >= timeout {
                 return Err(Error::Busy {
                     buffer: self.id(),
                     pids: waiting.pids(),
                     waited,
                 });
             }
-            tokio::time::sleep(pause.min(self.access_timeout - waited)).await;
+            tokio::time::sleep(pause.min(timeout - waited)).await;
             pause = (pause * 2).min(Duration::from_millis(5));
             gate.settle(&mut waiting);
         }
-        change.commit();
-        self.finish_change(access);
         Ok(())
+    }
+
+    /// Opens a window on the buffer for one exchange with peers, and
+    /// returns the handle to give them: it works (within what
+    /// [`Self::access`] allows) only until [`Self::close_window`]. Opening
+    /// a window closes the one open before, without waiting for its copies
+    /// (close it first where that matters). Not for verbs: a windowed handle
+    /// is served through shm or tcp only (`docs/semantics.md` §6.2).
+    pub fn open_window(&self) -> RemoteBuffer {
+        let window = Window::fresh();
+        self.region.set_window(window);
+        self.handle.with_window(window)
+    }
+
+    /// Closes the window of `handle` (made by [`Self::open_window`]): its
+    /// later copies are refused with [`Error::Closed`], and this waits up
+    /// to `timeout` for those already running — every copy claimed on the
+    /// buffer now, of any handle (a claim does not say which window it
+    /// came through). [`Error::Busy`] names the processes still copying
+    /// (e.g. stopped inside one); the window stays closed. Closing a window
+    /// that is not the open one only waits. A plain handle: nothing to do.
+    pub async fn close_window(
+        &self,
+        handle: &RemoteBuffer,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let Some(window) = handle.window() else {
+            return Ok(());
+        };
+        self.region.close_window(window);
+        self.wait_out(self.region.gate().held(), timeout).await
     }
 
     /// [`Self::set_access`] without waiting: [`Error::Busy`] if a peer's
@@ -787,7 +825,7 @@ impl BufferManager {
                 continue;
             };
             let e = loop {
-                match segment.enter(Kind::Read) {
+                match segment.enter(Kind::Read, reads[i].0.window()) {
                     Ok(Some(e)) => break e,
                     Ok(None) => {
                         slot_wait(started, deadline).map_err(at(i))?;
@@ -952,7 +990,14 @@ impl BufferManager {
                 let mut done = 0;
                 while done < dir.len() {
                     let n = (dir.len() - done).min(chunk);
-                    if !shm_chunk(&segment, offset as usize + done, &mut dir, done, n)? {
+                    if !shm_chunk(
+                        &segment,
+                        remote.window(),
+                        offset as usize + done,
+                        &mut dir,
+                        done,
+                        n,
+                    )? {
                         slot_wait(started, deadline)?;
                         std::thread::sleep(SLOT_RETRY);
                         continue;
@@ -972,7 +1017,14 @@ impl BufferManager {
             let mut result = Ok(());
             while done < dir.len() {
                 let n = (dir.len() - done).min(chunk);
-                match shm_chunk(&segment, offset as usize + done, &mut dir, done, n) {
+                match shm_chunk(
+                    &segment,
+                    remote.window(),
+                    offset as usize + done,
+                    &mut dir,
+                    done,
+                    n,
+                ) {
                     Ok(true) => done += n,
                     Ok(false) => match slot_wait(started, deadline) {
                         Ok(()) => tokio::time::sleep(SLOT_RETRY).await,
@@ -1152,6 +1204,7 @@ const SLOT_RETRY: Duration = Duration::from_micros(100);
 /// under one access slot. `Ok(false)`: every slot is held, nothing copied.
 fn shm_chunk(
     segment: &PeerSegment,
+    window: Option<Window>,
     at: usize,
     dir: &mut ShmDir<'_>,
     local_at: usize,
@@ -1161,7 +1214,7 @@ fn shm_chunk(
         ShmDir::Read(_) => Kind::Read,
         ShmDir::Write(_) => Kind::Write,
     };
-    let Some(entered) = segment.enter(kind)? else {
+    let Some(entered) = segment.enter(kind, window)? else {
         return Ok(false);
     };
     match dir {

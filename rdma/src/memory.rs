@@ -12,6 +12,7 @@
 //! | 12 | owner pid (u32) |
 //! | 16 | length in bytes (u64) |
 //! | 24 | token (16 bytes) |
+//! | 40 | open window (atomic u32: 0 none, else its value) |
 //! | 4096 | access slots (512 atomic u64: 0 free, else pid << 32 \| kind) |
 //! | 8192 | the buffer's bytes |
 //!
@@ -26,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::{FallocateFlags, MemfdFlags, Mode, SealFlags};
 
-use crate::access::{Gate, Kind, Refusal, SLOT_PAGE_BYTES, SLOTS, STATE_ALLOCATED, Ticket};
+use crate::access::{Gate, Kind, Refusal, SLOT_PAGE_BYTES, SLOTS, STATE_ALLOCATED, Ticket, Window};
 use crate::error::Error;
 use crate::handle::{MAX_BUFFER_BYTES, Token};
 
@@ -47,6 +48,7 @@ pub(crate) struct Header {
     pub(crate) owner_pid: u32,
     pub(crate) len_bytes: u64,
     pub(crate) token: [u8; 16],
+    pub(crate) window: AtomicU32,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= INFO_BYTES);
@@ -62,8 +64,8 @@ pub(crate) fn header_of(map: &MmapRaw) -> &Header {
     // holds a properly aligned `Header` (repr(C), all fields valid for any
     // bit pattern); it lives as long as `map`, which the returned reference
     // borrows. Fields other than `state` are never written after the owner
-    // initialises them; `state` is an atomic, so concurrent stores from the
-    // owner process are not data races.
+    // initialises them; `state` and `window` are atomics, so concurrent
+    // stores from the owner process are not data races.
     unsafe { &*map.as_ptr().cast::<Header>() }
 }
 
@@ -160,11 +162,12 @@ impl Entered<'_> {
 pub(crate) fn enter<'a>(
     gate: Gate<'a>,
     kind: Kind,
+    window: Option<Window>,
     data: *mut u8,
     len_bytes: usize,
 ) -> Result<Entered<'a>, Refusal> {
     Ok(Entered {
-        _ticket: gate.enter(kind)?,
+        _ticket: gate.enter(kind, window)?,
         data,
         len_bytes,
         kind,
@@ -231,6 +234,7 @@ impl Region {
                 owner_pid: pid,
                 len_bytes: len_bytes as u64,
                 token: token.0,
+                window: AtomicU32::new(0),
             });
         }
         Ok(Self {
@@ -280,13 +284,31 @@ impl Region {
         };
         Gate {
             state: &header.state,
+            window: &header.window,
             slots,
         }
     }
 
-    /// A slot for a copy of `kind` by this process (the tcp server).
-    pub(crate) fn enter(&self, kind: Kind) -> Result<Entered<'_>, Refusal> {
-        enter(self.gate(), kind, self.data_ptr(), self.len_bytes)
+    /// Opens `window` (the claims of its handles are allowed from now on;
+    /// those of any earlier window are refused).
+    pub(crate) fn set_window(&self, window: Window) {
+        header_of(&self.map)
+            .window
+            .store(window.get(), Ordering::SeqCst);
+    }
+
+    /// Closes `window` if it is the open one; whether it was.
+    pub(crate) fn close_window(&self, window: Window) -> bool {
+        header_of(&self.map)
+            .window
+            .compare_exchange(window.get(), 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// A slot for a copy of `kind` by this process (the tcp server), under
+    /// `window` if the request carried one.
+    pub(crate) fn enter(&self, kind: Kind, window: Option<Window>) -> Result<Entered<'_>, Refusal> {
+        enter(self.gate(), kind, window, self.data_ptr(), self.len_bytes)
     }
 
     /// The data as a slice, for the owner.

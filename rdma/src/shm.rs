@@ -31,7 +31,8 @@ use rustix::fs::{Mode, OFlags, SealFlags};
 use rustix::process::{Pid, PidfdFlags};
 
 use crate::access::{
-    Gate, Kind, Refusal, SLOT_PAGE_BYTES, STATE_EXPOSED, STATE_LOCAL, STATE_READ_ONLY, exited,
+    Gate, Kind, Refusal, SLOT_PAGE_BYTES, STATE_EXPOSED, STATE_LOCAL, STATE_READ_ONLY, Window,
+    exited,
 };
 use crate::error::Error;
 use crate::handle::{BufferId, RemoteBuffer, Token};
@@ -165,26 +166,35 @@ impl PeerSegment {
         slots_at(&self.body)
     }
 
-    /// A slot for one chunk of a copy of `kind`: `Ok(None)` when every slot
-    /// is held (try again shortly), [`Error::Closed`] when the owner does
-    /// not allow `kind` now, and the errors of [`Self::check`].
-    pub(crate) fn enter(&self, kind: Kind) -> Result<Option<Entered<'_>>, Error> {
+    /// A slot for one chunk of a copy of `kind` (under `window`, for a
+    /// windowed handle): `Ok(None)` when every slot is held (try again
+    /// shortly), [`Error::Closed`] when the owner does not allow `kind` now
+    /// or closed the window, and the errors of [`Self::check`].
+    pub(crate) fn enter(
+        &self,
+        kind: Kind,
+        window: Option<Window>,
+    ) -> Result<Option<Entered<'_>>, Error> {
         self.check()?;
+        let header = header_of(&self.header);
         let gate = Gate {
-            state: &header_of(&self.header).state,
+            state: &header.state,
+            window: &header.window,
             slots: slots_at(&self.body),
         };
         // SAFETY: the data starts one slot page into the body mapping,
         // which is `SLOT_PAGE_BYTES + len_bytes` long.
         let data = unsafe { self.body.as_mut_ptr().add(SLOT_PAGE_BYTES) };
-        match crate::memory::enter(gate, kind, data, self.len_bytes) {
+        match crate::memory::enter(gate, kind, window, data, self.len_bytes) {
             Ok(entered) => Ok(Some(entered)),
             Err(Refusal::Full) => Ok(None),
-            Err(Refusal::State(STATE_READ_ONLY | STATE_LOCAL)) => Err(Error::Closed {
-                owner: self.owner.clone(),
-                buffer: self.buffer,
-                write: kind == Kind::Write,
-            }),
+            Err(Refusal::State(STATE_READ_ONLY | STATE_LOCAL) | Refusal::Window) => {
+                Err(Error::Closed {
+                    owner: self.owner.clone(),
+                    buffer: self.buffer,
+                    write: kind == Kind::Write,
+                })
+            }
             Err(Refusal::State(_)) => Err(self.released()),
         }
     }

@@ -33,7 +33,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::timeout;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use crate::access::{Kind, Refusal, STATE_LOCAL, STATE_READ_ONLY};
+use crate::access::{Kind, Refusal, STATE_LOCAL, STATE_READ_ONLY, Window};
 use crate::config::{MAX_TCP_CHUNK_BYTES, ManagerConfig};
 use crate::error::Error;
 use crate::handle::{BufferId, RemoteBuffer, Token};
@@ -570,6 +570,7 @@ async fn serve_connection(
             peer: peer_name.clone(),
             reason,
         })?;
+        let window = req.window;
         if req.len_bytes > MAX_TCP_CHUNK_BYTES {
             send_response(&mut tls, Status::TooLarge, 0, op_timeout).await?;
             return Err(Error::Protocol {
@@ -590,8 +591,14 @@ async fn serve_connection(
                     }
                 };
                 let at = req.offset as usize;
-                if let Err(status) =
-                    region_copy(&region, at, Piece::Out(&mut piece[..first]), op_timeout).await
+                if let Err(status) = region_copy(
+                    &region,
+                    at,
+                    window,
+                    Piece::Out(&mut piece[..first]),
+                    op_timeout,
+                )
+                .await
                 {
                     send_response(&mut tls, status, 0, op_timeout).await?;
                     continue;
@@ -603,7 +610,8 @@ async fn serve_connection(
                     let n = (len - done).min(piece.len());
                     let at = req.offset as usize + done;
                     if let Err(status) =
-                        region_copy(&region, at, Piece::Out(&mut piece[..n]), op_timeout).await
+                        region_copy(&region, at, window, Piece::Out(&mut piece[..n]), op_timeout)
+                            .await
                     {
                         // The bytes were promised and may not be read now
                         // (closed or released mid-request): the stream
@@ -640,7 +648,8 @@ async fn serve_connection(
                     if let (Ok(region), Status::Ok) = (&target, status) {
                         let at = req.offset as usize + done;
                         if let Err(s) =
-                            region_copy(region, at, Piece::In(&piece[..n]), op_timeout).await
+                            region_copy(region, at, window, Piece::In(&piece[..n]), op_timeout)
+                                .await
                         {
                             status = s;
                         }
@@ -706,6 +715,7 @@ enum Piece<'a> {
 async fn region_copy(
     region: &Region,
     offset: usize,
+    window: Option<Window>,
     mut piece: Piece<'_>,
     deadline: Duration,
 ) -> Result<(), Status> {
@@ -716,7 +726,7 @@ async fn region_copy(
     let started = Instant::now();
     loop {
         // The slot is held only for the copy, never across an await.
-        let refusal = match region.enter(kind) {
+        let refusal = match region.enter(kind, window) {
             Ok(entered) => {
                 match &mut piece {
                     Piece::Out(b) => entered.copy_out(offset, b),
@@ -727,7 +737,9 @@ async fn region_copy(
             Err(refusal) => refusal,
         };
         match refusal {
-            Refusal::State(STATE_READ_ONLY | STATE_LOCAL) => return Err(Status::Closed),
+            Refusal::State(STATE_READ_ONLY | STATE_LOCAL) | Refusal::Window => {
+                return Err(Status::Closed);
+            }
             Refusal::State(_) => return Err(Status::UnknownBuffer),
             Refusal::Full if started.elapsed() < deadline => {
                 tokio::time::sleep(Duration::from_micros(100)).await;
@@ -1022,6 +1034,7 @@ impl TcpClient {
             buffer: remote.id(),
             offset,
             token: remote.token(),
+            window: remote.window(),
         }
         .encode()
     }
@@ -1154,6 +1167,7 @@ impl TcpClient {
             buffer: remote.id(),
             offset: 0,
             token: Token(remote.token().0),
+            window: None,
         };
         self.send(&link, "send verbs endpoint", async {
             s.write_all(&req.encode()).await?;

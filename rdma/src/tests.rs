@@ -663,7 +663,10 @@ async fn closing_waits_for_peer_copies_in_flight_and_only_for_those_it_forbids()
     let me = std::process::id();
 
     // A read in flight: ReadOnly does not wait for it, Local does.
-    let read = segment.enter(Kind::Read).unwrap().expect("a free slot");
+    let read = segment
+        .enter(Kind::Read, None)
+        .unwrap()
+        .expect("a free slot");
     buf.try_set_access(Access::ReadOnly).unwrap();
     let e = buf.try_set_access(Access::Local).unwrap_err();
     assert!(
@@ -695,7 +698,7 @@ async fn closing_waits_for_peer_copies_in_flight_and_only_for_those_it_forbids()
         );
     }
     assert_eq!(buf.access(), Access::ReadOnly);
-    let again = segment.enter(Kind::Read).unwrap();
+    let again = segment.enter(Kind::Read, None).unwrap();
     assert!(again.is_some(), "peers read again after a cancelled close");
     drop(again);
     // New peer copies are refused while the owner waits; the wait ends
@@ -710,7 +713,7 @@ async fn closing_waits_for_peer_copies_in_flight_and_only_for_those_it_forbids()
             "closed while a read was copying"
         );
         assert!(matches!(
-            segment.enter(Kind::Read),
+            segment.enter(Kind::Read, None),
             Err(Error::Closed { .. })
         ));
         drop(read);
@@ -724,16 +727,131 @@ async fn closing_waits_for_peer_copies_in_flight_and_only_for_those_it_forbids()
     // A write in flight: ReadOnly waits for it. Widening never waits, even
     // for a slot a refused peer holds for a moment.
     buf.set_access(Access::Exposed).await.unwrap();
-    let write = segment.enter(Kind::Write).unwrap().expect("a free slot");
+    let write = segment
+        .enter(Kind::Write, None)
+        .unwrap()
+        .expect("a free slot");
     let e = buf.try_set_access(Access::ReadOnly).unwrap_err();
     assert!(matches!(e, Error::Busy { .. }), "{e}");
     drop(write);
     buf.try_set_access(Access::Local).unwrap();
     let gate = buf.region_gate();
-    let refused = gate.enter(Kind::Write);
+    let refused = gate.enter(Kind::Write, None);
     assert!(refused.is_err());
     drop(refused);
     buf.try_set_access(Access::ReadOnly).unwrap();
+}
+
+/// A windowed handle works only while its window is open, through shm and
+/// tcp alike: once the owner closes it (or opens the next one), its reads
+/// and writes are refused, even though the buffer is exposed again and the
+/// new window's handle works; a plain handle is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_window_refuses_its_handle_even_when_the_buffer_is_opened_again() {
+    let p = pair(ManagerConfig::default()).await;
+    let data = pattern(8192, 5);
+    let buf = p.owner.register(Memory::copy_from(&data).unwrap()).unwrap();
+    let plain = buf.handle().clone();
+    assert_eq!(plain.window(), None);
+    for kind in BACKENDS {
+        p.reader.set_backend_policy(BackendPolicy::Only(kind));
+        let first = buf.open_window();
+        assert!(first.window().is_some());
+        // The window travels with the handle.
+        let first = RemoteBuffer::decode(&first.encode()).unwrap();
+        let mut got = vec![0u8; 100];
+        p.reader.read_into(&first, 10, &mut got).await.unwrap();
+        assert_eq!(got, data[10..110], "{kind}");
+        p.reader
+            .write_from(&first, 200, &data[200..300])
+            .await
+            .unwrap();
+        buf.close_window(&first, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let e = p.reader.read_into(&first, 10, &mut got).await.unwrap_err();
+        assert!(
+            matches!(e, Error::Closed { write: false, .. }),
+            "{kind}: {e}"
+        );
+        let e = p.reader.write_from(&first, 0, &[9; 10]).await.unwrap_err();
+        assert!(
+            matches!(e, Error::Closed { write: true, .. }),
+            "{kind}: {e}"
+        );
+        let mut scratch = vec![0u8; 100];
+        let e = p
+            .reader
+            .read_many_with(&[(&first, 0)], 100, &mut scratch, |_| ())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::Batch { source, .. } if matches!(**source, Error::Closed { .. })),
+            "{kind}: {e}"
+        );
+        // The next window: its handle works, the old one's still does not.
+        let second = buf.open_window();
+        assert_ne!(second.window(), first.window());
+        p.reader.read_into(&second, 10, &mut got).await.unwrap();
+        assert!(
+            p.reader.read_into(&first, 10, &mut got).await.is_err(),
+            "{kind}"
+        );
+        assert!(
+            p.reader.write_from(&first, 0, &[9; 10]).await.is_err(),
+            "{kind}"
+        );
+        p.reader.read_into(&plain, 10, &mut got).await.unwrap();
+        buf.close_window(&second, Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    // Nothing the closed windows' handles tried landed.
+    p.reader.set_backend_policy(BackendPolicy::Auto);
+    let mut all = vec![0u8; 8192];
+    p.reader.read_into(&plain, 0, &mut all).await.unwrap();
+    assert!(all == data);
+}
+
+/// Closing a window waits for a copy claimed under it before the close
+/// (here a claim held by a stopped-looking peer), and refuses claims made
+/// after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_window_waits_for_its_copy_in_flight() {
+    use crate::access::Kind;
+    let p = pair(ManagerConfig::default()).await;
+    let buf = p.owner.register_new(4096).unwrap();
+    let h = buf.open_window();
+    let segment = peer_segment(&p.reader, &h);
+    let write = segment
+        .enter(Kind::Write, h.window())
+        .unwrap()
+        .expect("a free slot");
+    let e = buf
+        .close_window(&h, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Busy { .. }), "{e}");
+    // Closed all the same: a new claim under it is refused.
+    assert!(matches!(
+        segment.enter(Kind::Write, h.window()),
+        Err(Error::Closed { write: true, .. })
+    ));
+    {
+        let closing = buf.close_window(&h, Duration::from_secs(10));
+        tokio::pin!(closing);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut closing)
+                .await
+                .is_err(),
+            "closed while a write was copying"
+        );
+        drop(write);
+        tokio::time::timeout(Duration::from_secs(10), closing)
+            .await
+            .expect("the close ends once the copy does")
+            .unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -904,6 +1022,7 @@ async fn the_tcp_server_gives_up_on_a_reader_that_stops_reading() {
         buffer: h.id(),
         offset: 0,
         token: h.token(),
+        window: None,
     };
     tls.write_all(&req.encode()).await.unwrap();
     tls.flush().await.unwrap();
@@ -1108,7 +1227,10 @@ async fn a_claim_made_after_the_owner_closed_is_not_waited_for() {
     let mut buf = p.owner.register_new(1 << 16).unwrap();
     let h = buf.handle().clone();
     let segment = peer_segment(&p.reader, &h);
-    let in_flight = segment.enter(Kind::Read).unwrap().expect("a free slot");
+    let in_flight = segment
+        .enter(Kind::Read, None)
+        .unwrap()
+        .expect("a free slot");
     let closing = buf.set_access(Access::Local);
     tokio::pin!(closing);
     assert!(

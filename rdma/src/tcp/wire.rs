@@ -5,6 +5,7 @@
 //! hello    client -> server  "RGR1" | id_len u8 | proc id (1..=63 bytes)
 //! welcome  server -> client  status u8 (0 accepted, 1 identity refused, 2 server full)
 //! request  client -> server  op u8 | 0 0 0 | len u32 | buffer u64 | offset u64 | token [16]
+//!                            | window u32 (0: none)
 //!                            (a write is followed by len bytes)
 //! response server -> client  status u8 | 0 0 0 | len u32
 //!                            (a successful read is followed by len bytes)
@@ -13,13 +14,14 @@
 //! Requests on a connection are answered in order, so a client pipelines
 //! them without tags.
 
+use crate::access::Window;
 use crate::handle::{BufferId, Token};
 
 /// The ALPN protocol of the tcp backend (the control plane uses another,
 /// so neither side mistakes one for the other).
 pub(crate) const ALPN: &[u8] = b"regent-rdma/1";
 pub(crate) const HELLO_MAGIC: [u8; 4] = *b"RGR1";
-pub(crate) const REQUEST_BYTES: usize = 40;
+pub(crate) const REQUEST_BYTES: usize = 44;
 pub(crate) const RESPONSE_BYTES: usize = 8;
 pub(crate) const WELCOME_OK: u8 = 0;
 pub(crate) const WELCOME_REFUSED: u8 = 1;
@@ -44,6 +46,8 @@ pub(crate) struct Request {
     pub(crate) buffer: BufferId,
     pub(crate) offset: u64,
     pub(crate) token: Token,
+    /// The window of a windowed handle (`access::Window`).
+    pub(crate) window: Option<Window>,
 }
 
 impl Request {
@@ -54,6 +58,7 @@ impl Request {
         b[8..16].copy_from_slice(&self.buffer.0.to_le_bytes());
         b[16..24].copy_from_slice(&self.offset.to_le_bytes());
         b[24..40].copy_from_slice(&self.token.0);
+        b[40..44].copy_from_slice(&self.window.map_or(0, Window::get).to_le_bytes());
         b
     }
 
@@ -76,12 +81,15 @@ impl Request {
         len.copy_from_slice(&b[4..8]);
         let mut token = [0u8; 16];
         token.copy_from_slice(&b[24..40]);
+        let mut window = [0u8; 4];
+        window.copy_from_slice(&b[40..44]);
         Ok(Self {
             op,
             len_bytes: u32::from_le_bytes(len),
             buffer: BufferId(u64_at(8)),
             offset: u64_at(16),
             token: Token(token),
+            window: Window::from_word(u32::from_le_bytes(window)),
         })
     }
 }
@@ -175,8 +183,11 @@ mod tests {
             buffer: BufferId(3),
             offset: 1 << 40,
             token: Token([5; 16]),
+            window: Window::from_word(0x0102_0304),
         };
         assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+        let none = Request { window: None, ..r };
+        assert_eq!(Request::decode(&none.encode()).unwrap(), none);
         let s = Response {
             status: Status::OutOfRange,
             len_bytes: 9,
@@ -188,14 +199,19 @@ mod tests {
 
     proptest! {
         #[test]
-        fn decoders_never_panic(req in proptest::array::uniform32(any::<u8>()), tail in any::<[u8; 8]>()) {
+        fn decoders_never_panic(
+            req in proptest::array::uniform32(any::<u8>()),
+            tail in any::<[u8; 12]>(),
+        ) {
             let mut b = [0u8; REQUEST_BYTES];
             b[..32].copy_from_slice(&req);
             b[32..].copy_from_slice(&tail);
             if let Ok(r) = Request::decode(&b) {
                 prop_assert_eq!(r.encode(), b);
             }
-            let _ = Response::decode(&tail);
+            let mut resp = [0u8; RESPONSE_BYTES];
+            resp.copy_from_slice(&tail[..RESPONSE_BYTES]);
+            let _ = Response::decode(&resp);
         }
     }
 }
