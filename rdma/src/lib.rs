@@ -95,6 +95,7 @@ pub use handle::{
 };
 pub use manager::{
     Batch, BufferManager, LocalBuffer, LocalGuard, MAX_BATCH_CONCURRENCY, MAX_BATCH_OPS, Op,
+    StalledCopy,
 };
 pub use memory::{MEMFD_NAME_PREFIX, Memory};
 pub use tcp::TcpLoad;

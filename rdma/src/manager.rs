@@ -860,6 +860,39 @@ impl BufferManager {
         Ok(r)
     }
 
+    /// Claims a write slot of `remote`'s segment through shm, as a copy
+    /// into it does, and holds it until the returned guard drops: a peer
+    /// stopped inside a copy, for tests of what waits for one (the owner's
+    /// narrowing of access, the closing of a window). Not API.
+    #[doc(hidden)]
+    pub fn stall_copy_for_test(&self, remote: &RemoteBuffer) -> Result<StalledCopy, Error> {
+        let segment = self.inner.peers.get(remote)?;
+        let window = remote.window();
+        let (entered_tx, entered_rx) = std::sync::mpsc::sync_channel(1);
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || match segment.enter(Kind::Write, window) {
+            Ok(Some(held)) => {
+                let _ = entered_tx.send(Ok(()));
+                let _ = released.recv();
+                drop(held);
+            }
+            Ok(None) => {
+                let _ = entered_tx.send(Err(Error::Config("every access slot is held".into())));
+            }
+            Err(e) => {
+                let _ = entered_tx.send(Err(e));
+            }
+        });
+        let entered = entered_rx
+            .recv()
+            .unwrap_or_else(|_| Err(Error::Config("the stalling thread ended".into())));
+        let stalled = StalledCopy {
+            release: Some(release),
+            thread: Some(thread),
+        };
+        entered.map(|()| stalled)
+    }
+
     /// Writes `local` into `remote` at `offset`; returns once the bytes are
     /// in the owner's memory. Errors as for [`Self::read_into`].
     pub async fn write_from(
@@ -1222,6 +1255,24 @@ fn shm_chunk(
         ShmDir::Write(b) => entered.copy_in(at, &b[local_at..local_at + n]),
     }
     Ok(true)
+}
+
+/// A held access slot of [`BufferManager::stall_copy_for_test`]: dropping it
+/// ends the stalled copy. Not API.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct StalledCopy {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for StalledCopy {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Fails once an operation has waited its deadline for an access slot.

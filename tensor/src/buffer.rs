@@ -65,6 +65,9 @@ pub(crate) struct Registered {
     buffer: LocalBuffer,
     base: Base,
     len_bytes: usize,
+    /// Set when a peer may still write the memory outside any operation
+    /// (it was stopped inside a copy when a collective failed): why.
+    poisoned: std::sync::OnceLock<String>,
 }
 
 impl Registered {
@@ -77,11 +80,43 @@ impl Registered {
             buffer,
             base,
             len_bytes,
+            poisoned: std::sync::OnceLock::new(),
         })
     }
 
     pub(crate) fn handle(&self) -> &RemoteBuffer {
         self.buffer.handle()
+    }
+
+    /// A handle for one operation, working until [`Self::close_window`].
+    pub(crate) fn open_window(&self) -> RemoteBuffer {
+        self.buffer.open_window()
+    }
+
+    /// Ends the window of `handle`, waiting up to `timeout` for peers'
+    /// copies in flight; on [`regent_rdma::Error::Busy`] (a peer stopped
+    /// inside one) the memory is poisoned: it may still change.
+    pub(crate) async fn close_window(
+        &self,
+        handle: &RemoteBuffer,
+        timeout: std::time::Duration,
+    ) -> Result<(), Error> {
+        match self.buffer.close_window(handle, timeout).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let why = format!("a peer may still write it: {e}");
+                let _ = self.poisoned.set(why.clone());
+                Err(Error::Poisoned(why))
+            }
+        }
+    }
+
+    /// Fails if the memory is poisoned (see [`Self::close_window`]).
+    pub(crate) fn check_poisoned(&self) -> Result<(), Error> {
+        match self.poisoned.get() {
+            Some(why) => Err(Error::Poisoned(why.clone())),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn len_bytes(&self) -> usize {
@@ -328,8 +363,17 @@ impl TensorBuffer {
         })
     }
 
+    /// Why the buffer's memory may still change under this side, if it
+    /// may: a collective on it failed while a peer was stopped inside a
+    /// copy into it (`docs/semantics.md` §8.3). Such a buffer is refused by
+    /// collectives and by [`Self::as_f32`]; use another one.
+    pub fn poisoned(&self) -> Option<&str> {
+        self.reg.poisoned.get().map(String::as_str)
+    }
+
     /// The span of a contiguous, aligned `f32` tensor.
     fn f32_span(&self) -> Result<std::ops::Range<usize>, Error> {
+        self.reg.check_poisoned()?;
         if self.layout.dtype() != DType::F32 {
             return Err(Error::Invalid(format!(
                 "a {} tensor is not a slice of f32",

@@ -78,6 +78,11 @@ pub const MAX_CHUNK_BYTES: usize = 64 << 20;
 /// the cause (the transport's failure report, or the peer's `Abort`)
 /// before it blames that peer.
 pub const BLAME_GRACE: Duration = Duration::from_secs(1);
+/// How long a member whose all-reduce failed waits for peers' copies into
+/// its memory still in flight; past it the buffer is poisoned
+/// ([`TensorBuffer::poisoned`]): a peer stopped inside a copy may finish it
+/// whenever it resumes.
+pub const WINDOW_CLOSE_GRACE: Duration = Duration::from_millis(50);
 /// Bytes a message needs beside an inline payload.
 const MESSAGE_OVERHEAD_BYTES: usize = 4096;
 
@@ -248,6 +253,21 @@ impl Operand {
 
     fn whole(&self) -> Region {
         self.region(0, self.len())
+    }
+
+    /// The whole operand under a window opened now (`Registered::open_window`):
+    /// the region to hand peers for one operation.
+    fn open_window(&self) -> Region {
+        Region {
+            buffer: self.reg.open_window(),
+            ..self.whole()
+        }
+    }
+
+    /// Closes the window of `region` (from [`Self::open_window`]), waiting
+    /// up to `timeout` for peers' copies in flight.
+    async fn close_window(&self, region: &Region, timeout: Duration) -> Result<(), Error> {
+        self.reg.close_window(&region.buffer, timeout).await
     }
 
     /// Bytes `r` of the operand, read-only.
@@ -460,6 +480,27 @@ impl<T: Transport> Ctx<'_, T> {
         {
             Ok(r) => r.map_err(|source| Error::Peer { rank, source }),
             Err(_) => Err(self.timeout_error("one-sided read", vec![rank])),
+        }
+    }
+
+    /// Writes `src` at `at` of `rank`'s `region`.
+    async fn write(
+        &self,
+        rank: usize,
+        region: &Region,
+        at: usize,
+        src: &[u8],
+    ) -> Result<(), Error> {
+        check_in_region(rank, region, at, src.len())?;
+        match tokio::time::timeout_at(
+            self.deadline,
+            self.manager()
+                .write_from(&region.buffer, region.offset + at as u64, src),
+        )
+        .await
+        {
+            Ok(r) => r.map_err(|source| Error::Peer { rank, source }),
+            Err(_) => Err(self.timeout_error("one-sided write", vec![rank])),
         }
     }
 
@@ -1414,6 +1455,7 @@ impl<T: Transport> Communicator<T> {
     /// contiguous.
     fn check_operand(&self, data: &TensorBuffer) -> Result<(DType, u64), Error> {
         data.check_owner(self.t.buffers())?;
+        data.registered().check_poisoned()?;
         let l = data.layout();
         if !l.is_contiguous() {
             return Err(Error::NotContiguous {

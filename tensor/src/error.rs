@@ -43,6 +43,10 @@ pub enum Error {
     /// A configuration value or argument is out of range.
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// The buffer's memory may still be written by a peer outside any
+    /// operation (see [`crate::TensorBuffer::poisoned`]): use another.
+    #[error("the buffer is poisoned: {0}")]
+    Poisoned(String),
     /// The buffer plane failed: registering memory, or a one-sided
     /// transfer outside a group.
     #[error("buffer plane: {0}")]

@@ -1,15 +1,18 @@
 //! The direct algorithms: every member reads what it needs from every
 //! other member's registered memory, one-sidedly.
 //!
-//! Messages per pair, in order: `Ready` (my memory is readable), then for
-//! all-reduce `Signal` (my chunk is reduced: read it; and I no longer read
-//! your chunk of mine), then `Done` (I finished reading your memory) and
-//! `Ack` (I saw your `Done` while still holding my memory). Who writes
-//! what, and when, is stated at each `unsafe` block.
+//! All-reduce also writes: the owner of each chunk writes its result into
+//! every member, under windows that end with the operation (see
+//! [`all_reduce`]). The others only read. Their messages per pair, in
+//! order: `Ready` (my memory is readable), then `Done` (I finished reading
+//! your memory) and `Ack` (I saw your `Done` while still holding my
+//! memory). Who writes what, and when, is stated at each `unsafe` block.
 
 use std::ops::Range;
 
-use super::{Ctx, OpDesc, Operand, chunk_bytes_of, join_collect, join_peers, pieces};
+use super::{
+    Ctx, OpDesc, Operand, WINDOW_CLOSE_GRACE, chunk_bytes_of, join_collect, join_peers, pieces,
+};
 use crate::collective::wire::{Body, Region};
 use crate::dtype::DType;
 use crate::error::Error;
@@ -45,8 +48,9 @@ async fn close<T: Transport>(cx: &Ctx<'_, T>, q: usize) -> Result<(), Error> {
 
 /// Where a reduced chunk goes.
 enum Out<'a> {
-    /// Over this member's own chunk of the input (all-reduce).
-    InPlace,
+    /// Over this member's own chunk of the input, and from there into the
+    /// same bytes of each of these members, piece by piece (all-reduce).
+    Spread(&'a [usize]),
     /// Into a local buffer holding just the chunk (reduce-scatter).
     Separate(&'a mut [u8]),
 }
@@ -120,22 +124,41 @@ async fn reduce_chunk<T: Transport>(
                 let last = p - 1;
                 match out {
                     Out::Separate(o) => fold_into(op, dtype, &mut o[local.clone()], acc, x(last)),
-                    Out::InPlace if r == last => {
+                    Out::Spread(_) if r == last => {
                         fold_rev(op, dtype, acc, unsafe { input.bytes_mut(piece.clone()) })
                     }
-                    Out::InPlace => {
+                    Out::Spread(_) => {
                         let y = x(last);
                         fold_into(op, dtype, unsafe { input.bytes_mut(piece.clone()) }, acc, y)
                     }
                 }
             }
             let done = match out {
-                Out::InPlace => unsafe { input.bytes_mut(piece.clone()) },
+                Out::Spread(_) => unsafe { input.bytes_mut(piece.clone()) },
                 Out::Separate(o) => &mut o[local.clone()],
             };
             finish(op, dtype, done, p);
         })
         .await?;
+        if let Out::Spread(to) = &out {
+            // SAFETY: this member's own chunk is written only by this
+            // member (the fold above, done), and read by nobody else.
+            let result = unsafe { input.bytes(piece.clone()) };
+            join_peers(to.iter().map(|&q| {
+                // `readies` filled every other rank.
+                let region = peers[q].as_ref().expect("a region of every other rank");
+                // The same bytes of member q: its chunk r, which only this
+                // member touches during the operation.
+                cx.write(q, region, piece.start, result)
+            }))
+            .await?;
+        }
+        // Over shm nothing above waits, so a large chunk would hold this
+        // worker for its whole fold; the tasks it woke (the control plane's
+        // sends, sitting in the worker's LIFO slot where no other worker
+        // can steal them) would wait that long, and the proc's links go
+        // silent. One yield per piece lets them run.
+        tokio::task::yield_now().await;
     }
     Ok(())
 }
@@ -169,9 +192,53 @@ pub(super) async fn broadcast<T: Transport>(
     }
 }
 
+/// All-reduce: the owner of each chunk folds it over every member in rank
+/// order where the pieces lie, and writes each reduced piece into every
+/// member's memory while it is in cache — one pass over the inputs and one
+/// over the outputs, no gather (a member moves `2 (P-1)/P` of the tensor,
+/// as in a ring, but touches each byte of its memory once each way).
+///
+/// Messages per pair: `Ready` (my memory is open to you for this
+/// operation, under a window of its own) and `Done` (I finished reading
+/// your chunk of me and writing mine into you). A member returns once its
+/// chunk is in every member and every `Done` has come; it then closes its
+/// window, so no copy of this operation — not even a zombie's, resumed
+/// later — touches its memory afterwards. It closes the window after a
+/// failure too, waiting for copies in flight, so a peer that reads a member
+/// that gave up reads the member's input as it was, or is refused. Who
+/// writes what is stated at each `unsafe` block.
 pub(super) async fn all_reduce<T: Transport>(
     cx: &Ctx<'_, T>,
     data: &Operand,
+    desc: &OpDesc,
+    tmp: &mut Vec<u8>,
+) -> Result<(), Error> {
+    let mine = data.open_window();
+    let r = reduce_and_spread(cx, data, &mine, desc, tmp).await;
+    // After every `Done` nothing is in flight and this returns at once.
+    // After a failure a peer may be inside a copy: a running one ends
+    // within the grace; one stopped inside it (SIGSTOP) may resume any
+    // time, so the buffer is poisoned rather than waited for.
+    let grace = if r.is_ok() {
+        cx.timeout
+    } else {
+        WINDOW_CLOSE_GRACE.min(cx.timeout)
+    };
+    let closed = data.close_window(&mine, grace).await;
+    match (r, closed) {
+        (Ok(()), closed) => closed,
+        (Err(e), Ok(())) => Err(e),
+        (Err(e), Err(poisoned)) => {
+            tracing::warn!(rank = cx.rank(), error = %e, %poisoned, "all-reduce failed");
+            Err(e)
+        }
+    }
+}
+
+async fn reduce_and_spread<T: Transport>(
+    cx: &Ctx<'_, T>,
+    data: &Operand,
+    mine: &Region,
     desc: &OpDesc,
     tmp: &mut Vec<u8>,
 ) -> Result<(), Error> {
@@ -182,7 +249,7 @@ pub(super) async fn all_reduce<T: Transport>(
         &others,
         Body::Ready {
             desc: desc.clone(),
-            regions: vec![data.whole()],
+            regions: vec![mine.clone()],
         },
     )
     .await?;
@@ -196,25 +263,11 @@ pub(super) async fn all_reduce<T: Transport>(
         desc.dtype,
         op,
         tmp,
-        Out::InPlace,
+        Out::Spread(&others),
     )
     .await?;
-    cx.send_all(&others, Body::Signal { step: 0, sub: 0 })
-        .await?;
-    join_peers(others.iter().copied().map(|q| {
-        let c = chunks[q].clone();
-        let region = peers[q].as_ref().expect("a region of every other rank");
-        async move {
-            cx.recv_signal(q, 0, 0).await?;
-            // SAFETY: chunk q of this member's tensor: rank q finished
-            // reading it (its Signal), no other member reads it, and only
-            // this future writes it.
-            let dst = unsafe { data.bytes_mut(c.clone()) };
-            cx.read(q, region, c.start, dst).await?;
-            close(cx, q).await
-        }
-    }))
-    .await
+    cx.send_all(&others, Body::Done).await?;
+    join_peers(others.iter().copied().map(|q| cx.recv_done(q))).await
 }
 
 pub(super) async fn reduce_scatter<T: Transport>(

@@ -967,15 +967,17 @@ fn an_unreported_silent_member_fails_every_survivor_by_the_deadline() {
 
 #[test]
 fn after_a_failure_the_next_generation_works() {
-    // Rank 3 dies mid-all-reduce; the survivors build a group of three
-    // (the next generation, over the same managers) and all-reduce again.
+    // Rank 3 dies mid-all-reduce, after its `Ready`s and before any
+    // `Done` (which every survivor needs from it); the survivors build a
+    // group of three (the next generation, over the same managers) and
+    // all-reduce again.
     let (inputs, _) = fault_inputs(Which::AllReduce, Algorithm::Direct);
     let o = run_faulty(
         Which::AllReduce,
         Algorithm::Direct,
         Fault::Kill,
         3,
-        4,
+        3,
         Duration::from_secs(20),
         &inputs,
         true,
@@ -1317,4 +1319,182 @@ proptest! {
         let plan = crate::ReshardPlan::new(vec![t], src_ranks, dst_ranks).unwrap();
         check_reshard(g, plan, vec![global(DType::F32, &shape, seed)]);
     }
+}
+
+/// Rank 3 of an all-reduce is a zombie: it answers the survivors' `Ready`s
+/// with its own, so they reduce and spread their chunks, but it never sends
+/// `Done`, and acts only after every survivor's all-reduce has failed. With
+/// `stall`, it is caught inside a copy into rank 0 (a stopped process)
+/// when they fail. Returns the survivors' results, their buffers' bytes
+/// right after their failure and after the zombie acted, and whether
+/// each buffer is poisoned.
+fn zombie_after_a_failed_all_reduce(stall: bool) -> Vec<(RankResult, Vec<u8>, Vec<u8>, bool)> {
+    let h = harness();
+    let p = 4;
+    let n = 3000;
+    let inputs: Vec<Vec<u8>> = (0..p).map(|r| data(DType::F32, n, 70 + r as u64)).collect();
+    h.rt.block_on(async {
+        let (_group, ts) = LocalGroup::new(h.managers[..p].to_vec());
+        let mut ts = ts.into_iter();
+        let (failed_tx, failed_rx) = tokio::sync::watch::channel(0usize);
+        let mut survivors = Vec::new();
+        for input in &inputs[..3] {
+            let input = input.clone();
+            let t = ts.next().unwrap();
+            let mut failed = failed_tx.subscribe();
+            let failed_tx = failed_tx.clone();
+            survivors.push(tokio::spawn(async move {
+                let cfg = config(Algorithm::Direct, 4096).timeout(Duration::from_secs(1));
+                let mut comm = Communicator::new(t, cfg).await.unwrap();
+                let m = comm.transport().buffers().clone();
+                let mut b = buffer_with(&m, DType::F32, &input);
+                let r = comm.all_reduce(&mut b, ReduceOp::Sum).await;
+                let right_after = bytes_of(b.tensor());
+                failed_tx.send_modify(|n| *n += 1);
+                // Hold the communicator and buffer until the zombie acted.
+                let _ = failed.wait_for(|&n| n == usize::MAX).await;
+                let later = bytes_of(b.tensor());
+                (
+                    r.map(|()| right_after.clone()),
+                    right_after,
+                    later,
+                    b.poisoned().is_some(),
+                )
+            }));
+        }
+        let t = ts.next().unwrap();
+        let zombie_input = inputs[3].clone();
+        let mut failed = failed_rx.clone();
+        let zombie = tokio::spawn(async move {
+            let comm = Communicator::new(t, config(Algorithm::Direct, 4096))
+                .await
+                .unwrap();
+            let t = comm.transport();
+            let m = t.buffers().clone();
+            let mine = buffer_with(&m, DType::F32, &zombie_input);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut regions = Vec::new();
+            let window = mine.registered().open_window();
+            for q in 0..3 {
+                let (msg, _) = Msg::decode(q, t.recv(q, deadline).await.unwrap()).unwrap();
+                let Body::Ready {
+                    desc,
+                    regions: mut r,
+                } = msg.body
+                else {
+                    panic!("rank {q} sent {:?} first", msg.body);
+                };
+                let ready = Msg {
+                    tag: msg.tag,
+                    body: Body::Ready {
+                        desc,
+                        regions: vec![Region {
+                            buffer: window.clone(),
+                            offset: 0,
+                            len: (n * 4) as u64,
+                        }],
+                    },
+                };
+                t.send(q, ready.encode(&[])).await.unwrap();
+                regions.push(r.remove(0));
+            }
+            let stalled = stall.then(|| m.stall_copy_for_test(&regions[0].buffer).unwrap());
+            failed.wait_for(|&n| n == 3).await.unwrap();
+            // The survivors gave up: whatever the zombie does now is
+            // refused, through every backend.
+            let mut refused = Vec::new();
+            for (q, region) in regions.iter().enumerate() {
+                for kind in [BackendKind::Shm, BackendKind::Tcp] {
+                    m.set_backend_policy(BackendPolicy::Only(kind));
+                    let junk = vec![0xAB; 1024];
+                    let w = m.write_from(&region.buffer, region.offset, &junk).await;
+                    let mut back = vec![0u8; 1024];
+                    let r = m.read_into(&region.buffer, region.offset, &mut back).await;
+                    refused.push((q, kind, w.is_err(), r.is_err()));
+                }
+            }
+            m.set_backend_policy(BackendPolicy::Auto);
+            drop(stalled);
+            (refused, mine)
+        });
+        let (refused, _mine) = zombie.await.unwrap();
+        for (q, kind, w, r) in refused {
+            assert!(
+                w,
+                "the zombie wrote rank {q}'s memory through {kind} after it failed"
+            );
+            assert!(
+                r,
+                "the zombie read rank {q}'s memory through {kind} after it failed"
+            );
+        }
+        failed_tx.send_replace(usize::MAX);
+        let mut out = Vec::new();
+        for s in survivors {
+            out.push(s.await.unwrap());
+        }
+        out
+    })
+}
+
+#[test]
+fn a_zombie_of_a_failed_all_reduce_never_touches_a_survivors_memory_after_it_failed() {
+    for (rank, (r, right_after, later, poisoned)) in zombie_after_a_failed_all_reduce(false)
+        .into_iter()
+        .enumerate()
+    {
+        let e = r.expect_err("an all-reduce without rank 3's Done completed");
+        assert!(
+            matches!(&e, Error::Timeout { waiting_for, .. } if waiting_for.contains(&3)),
+            "rank {rank}: {e}"
+        );
+        assert!(
+            right_after == later,
+            "rank {rank}'s memory changed after it failed"
+        );
+        assert!(!poisoned, "rank {rank}");
+    }
+}
+
+/// A peer stopped inside a copy into a member when its all-reduce fails
+/// may finish that copy whenever it resumes: the member's buffer is
+/// poisoned (refused by the next collective and by `as_f32`), the others'
+/// are not.
+#[test]
+fn a_peer_stopped_inside_a_copy_poisons_the_buffer_it_writes() {
+    let h = harness();
+    let results = zombie_after_a_failed_all_reduce(true);
+    for (rank, (r, _, _, poisoned)) in results.iter().enumerate() {
+        assert!(r.is_err(), "rank {rank}");
+        assert_eq!(*poisoned, rank == 0, "rank {rank}");
+    }
+    // A poisoned buffer is refused by the next collective.
+    h.rt.block_on(async {
+        let m = h.managers[0].clone();
+        let b = buffer_with(&m, DType::F32, &data(DType::F32, 10, 1));
+        let stalled = {
+            let plain = b.registered().open_window();
+            let s = h.managers[1].stall_copy_for_test(&plain).unwrap();
+            let e = b
+                .registered()
+                .close_window(&plain, Duration::from_millis(10))
+                .await
+                .unwrap_err();
+            assert!(matches!(e, Error::Poisoned(_)), "{e}");
+            s
+        };
+        let mut b = b;
+        assert!(b.poisoned().is_some());
+        assert!(matches!(b.as_f32_mut(), Err(Error::Poisoned(_))));
+        let (_g, ts) = LocalGroup::new(h.managers[..1].to_vec());
+        let mut comm = Communicator::new(
+            ts.into_iter().next().unwrap(),
+            config(Algorithm::Direct, 64),
+        )
+        .await
+        .unwrap();
+        let e = comm.all_reduce(&mut b, ReduceOp::Sum).await.unwrap_err();
+        assert!(matches!(e, Error::Poisoned(_)), "{e}");
+        drop(stalled);
+    });
 }

@@ -270,6 +270,14 @@ impl Trainer {
             };
         if let Err(e) = reduced {
             self.comm = None;
+            if let Some(why) = self.grads.poisoned() {
+                // A peer stopped inside a write into it may finish that
+                // write whenever it resumes: the next step's gradient goes
+                // into fresh memory.
+                tracing::info!(rank, %why, "replacing the gradient buffer");
+                let len = self.replica.gradient_len() as u64;
+                self.grads = TensorBuffer::zeros(member.buffers()?, DType::F32, &[len])?;
+            }
             return Ok(TrainerReply::Broken(e));
         }
         let reduce_ms = reduce_start.elapsed().as_secs_f64() * 1e3;
