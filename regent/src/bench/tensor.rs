@@ -449,7 +449,10 @@ async fn bandwidth(
 ) -> anyhow::Result<()> {
     let within = Duration::from_secs(600);
     for &bytes in sizes {
-        let mc = memcpy(bytes as usize) / 1e9;
+        // Off the runtime: allocating, populating and copying hundreds of
+        // MiB would hold a worker (and the link tasks queued on it) for
+        // most of a second.
+        let mc = tokio::task::spawn_blocking(move || memcpy(bytes as usize)).await? / 1e9;
         let iterations = iterations_for(bytes, quick);
         for op in [BenchOp::AllReduce, BenchOp::Broadcast] {
             let msg = BenchMsg::Run {
