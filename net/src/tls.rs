@@ -1029,6 +1029,43 @@ mod tests {
     }
 
     #[test]
+    fn ed25519_certificates_have_one_size_and_load_back_as_ed25519() {
+        // A simulation needs datagrams of the same size run to run: every
+        // certificate of a CA the same length (the serial never loses a
+        // byte), and the CA's algorithm kept when it is loaded again.
+        let ca = ClusterCa::generate_with(
+            "sizes",
+            Validity::for_duration(Validity::CA).unwrap(),
+            KeyAlgorithm::Ed25519,
+        )
+        .unwrap();
+        let p = ProcId::new("p").unwrap();
+        let sizes: std::collections::BTreeSet<usize> = (0..400)
+            .map(|_| ca.issue(&p, Role::Proc, Validity::job()).unwrap().chain()[0].len())
+            .collect();
+        assert_eq!(sizes.len(), 1, "certificate sizes {sizes:?}");
+        let cas: std::collections::BTreeSet<usize> = (0..100)
+            .map(|_| {
+                ClusterCa::generate_with(
+                    "sizes",
+                    Validity::for_duration(Validity::CA).unwrap(),
+                    KeyAlgorithm::Ed25519,
+                )
+                .unwrap()
+                .cert_der()
+                .len()
+            })
+            .collect();
+        assert_eq!(cas.len(), 1, "CA certificate sizes {cas:?}");
+        let loaded = ClusterCa::from_pem(ca.cert_pem(), &ca.issuer.key().serialize_pem()).unwrap();
+        assert_eq!(loaded.algorithm(), KeyAlgorithm::Ed25519);
+        assert_eq!(
+            ClusterCa::generate("default").unwrap().algorithm(),
+            KeyAlgorithm::EcdsaP256
+        );
+    }
+
+    #[test]
     fn pem_matches_rcgen() {
         let key = KeyPair::generate().unwrap();
         assert_eq!(
