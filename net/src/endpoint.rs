@@ -201,7 +201,11 @@ impl Inner {
         }
         tracing::debug!(proc = %self.proc, "endpoint closing");
         self.quic.close(code::SHUTDOWN, b"endpoint closed");
-        lock(&self.ports).clear();
+        // Inboxes end (their receivers wake) in port order, not the map's
+        // random order, so a simulated shutdown replays.
+        let mut ports: Vec<(PortId, PortEntry)> = lock(&self.ports).drain().collect();
+        ports.sort_by(|(a, _), (b, _)| a.cmp(b));
+        drop(ports);
     }
 }
 

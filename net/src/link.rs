@@ -180,7 +180,22 @@ pub(crate) async fn run_control(
         if *shutdown.borrow() {
             return LinkFailure::EndpointClosed;
         }
+        // Biased (fixed order, as in every select of this crate): a random
+        // order is drawn from tokio's per-runtime generator, which cannot be
+        // seeded on stable tokio, and would break replay in simulation.
+        // Rare events first; the tick before the stream, so a peer that
+        // floods the control stream cannot starve the heartbeats (the tick
+        // is ready once per period, so it starves nothing).
         tokio::select! {
+            biased;
+            _ = shutdown.changed() => return LinkFailure::EndpointClosed,
+            e = conn.closed() => return classify(&e),
+            () = &mut expiry => {
+                return LinkFailure::Refused(format!(
+                    "the peer's certificate expired at {}",
+                    crate::tls::utc_date(peer_not_after)
+                ));
+            }
             _ = tick.tick() => {
                 let now = Instant::now();
                 let silent_for = now - last_heard;
@@ -206,14 +221,6 @@ pub(crate) async fn run_control(
                 }
                 Err(e) => return classify_read(&e),
             },
-            e = conn.closed() => return classify(&e),
-            () = &mut expiry => {
-                return LinkFailure::Refused(format!(
-                    "the peer's certificate expired at {}",
-                    crate::tls::utc_date(peer_not_after)
-                ));
-            }
-            _ = shutdown.changed() => return LinkFailure::EndpointClosed,
         }
     }
 }

@@ -465,35 +465,3 @@ fn partitions_drop_one_or_both_ways_and_held_datagrams_arrive_in_order_on_releas
         );
     });
 }
-
-#[test]
-fn tmp_big_replay() {
-    for seed in 0..6 {
-        let run = || {
-            simulate(|| async move {
-                let net = SimNet::new(seed);
-                net.set_default_faults(faulty()).unwrap();
-                let eps = endpoints(&net, &["a", "b", "c"], &EndpointConfig::default());
-                exchange(&eps, 200).await;
-                for ep in &eps {
-                    ep.close();
-                }
-                for ep in &eps {
-                    within("idle", ep.wait_idle()).await;
-                }
-                (net.trace_hash(), net.trace())
-            })
-        };
-        let (h1, t1) = run();
-        let (h2, t2) = run();
-        let at = t1.iter().zip(&t2).position(|(x, y)| x != y);
-        println!(
-            "seed {seed}: {h1:x} {h2:x} events {} {} first diff {at:?}",
-            t1.len(),
-            t2.len()
-        );
-        if let Some(at) = at {
-            println!("  {:?}\n  {:?}", t1[at], t2[at]);
-        }
-    }
-}
