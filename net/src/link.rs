@@ -200,7 +200,28 @@ pub(crate) async fn run_control(
                 let now = Instant::now();
                 let silent_for = now - last_heard;
                 if silent_for >= failure_timeout {
-                    return LinkFailure::HeartbeatTimeout { silent_for };
+                    // The tick wins ties: after this process was starved
+                    // (descheduled, stopped), the peer's heartbeats may sit
+                    // unread. Heard now is heard: take what is there first.
+                    tokio::select! {
+                        biased;
+                        chunk = recv.read_chunk(READ_CHUNK_BYTES, true) => match chunk {
+                            Ok(Some(chunk)) => {
+                                last_heard = now;
+                                decoder.push(&chunk.bytes);
+                                continue;
+                            }
+                            Ok(None) => {
+                                return LinkFailure::ConnectionLost(
+                                    "control stream finished".into(),
+                                );
+                            }
+                            Err(e) => return classify_read(&e),
+                        },
+                        () = std::future::ready(()) => {
+                            return LinkFailure::HeartbeatTimeout { silent_for };
+                        }
+                    }
                 }
                 if now >= next_heartbeat {
                     next_heartbeat = now + heartbeat_interval;
