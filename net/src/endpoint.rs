@@ -201,7 +201,11 @@ impl Inner {
         }
         tracing::debug!(proc = %self.proc, "endpoint closing");
         self.quic.close(code::SHUTDOWN, b"endpoint closed");
-        lock(&self.ports).clear();
+        // Inboxes end (their receivers wake) in port order, not the map's
+        // random order, so a simulated shutdown replays.
+        let mut ports: Vec<(PortId, PortEntry)> = lock(&self.ports).drain().collect();
+        ports.sort_by(|(a, _), (b, _)| a.cmp(b));
+        drop(ports);
     }
 }
 
@@ -276,13 +280,6 @@ impl Endpoint {
         config: EndpointConfig,
     ) -> Result<Self, Error> {
         config.validate()?;
-        let io = |context: &'static str| {
-            move |source: std::io::Error| Error::Io {
-                context,
-                path: None,
-                source,
-            }
-        };
         let socket = std::net::UdpSocket::bind(addr).map_err(io("bind UDP socket"))?;
         let state =
             quinn_udp::UdpSocketState::new((&socket).into()).map_err(io("UDP socket state"))?;
@@ -301,29 +298,64 @@ impl Endpoint {
             }
         }
 
+        let quic = |server_config| {
+            quinn::Endpoint::new(
+                quinn::EndpointConfig::default(),
+                Some(server_config),
+                socket,
+                Arc::new(quinn::TokioRuntime),
+            )
+        };
+        Self::start(credentials, config, random_incarnation()?, quic)
+    }
+
+    /// Starts the endpoint of the proc named by `credentials` on the
+    /// simulated network `net`, at `addr` (one simulated host): the real
+    /// quinn endpoint and rustls mutual TLS, over [`crate::sim::SimSocket`].
+    /// quinn's generator and the incarnation are drawn from the network's
+    /// seed, so a run replays from it (see [`crate::sim`]). Must be called
+    /// within the (current-thread, paused-clock) runtime the simulation runs
+    /// on.
+    #[cfg(feature = "sim")]
+    pub fn bind_sim(
+        credentials: ProcCredentials,
+        net: &crate::sim::SimNet,
+        addr: SocketAddr,
+        config: EndpointConfig,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let socket = net.bind(addr).map_err(io("bind simulated UDP socket"))?;
+        let mut endpoint_config = quinn::EndpointConfig::default();
+        endpoint_config.rng_seed(Some(net.random_seed()));
+        let incarnation = Incarnation(net.random_u64());
+        let quic = |server_config| {
+            quinn::Endpoint::new_with_abstract_socket(
+                endpoint_config,
+                Some(server_config),
+                socket,
+                Arc::new(quinn::TokioRuntime),
+            )
+        };
+        Self::start(credentials, config, incarnation, quic)
+    }
+
+    /// What both `bind`s share once they have a socket: the QUIC configs,
+    /// the quinn endpoint (made by `quic` from the server config), the
+    /// state, and the accept loop.
+    fn start(
+        credentials: ProcCredentials,
+        config: EndpointConfig,
+        incarnation: Incarnation,
+        quic: impl FnOnce(quinn::ServerConfig) -> std::io::Result<quinn::Endpoint>,
+    ) -> Result<Self, Error> {
         let transport = Arc::new(transport_config(&config)?);
         let (server_config, client_config) = quic_configs(&credentials, &config, &transport)?;
-        let quic = quinn::Endpoint::new(
-            quinn::EndpointConfig::default(),
-            Some(server_config),
-            socket,
-            Arc::new(quinn::TokioRuntime),
-        )
-        .map_err(io("start QUIC endpoint"))?;
+        let quic = quic(server_config).map_err(io("start QUIC endpoint"))?;
         let local_addr = quic.local_addr().map_err(io("local address"))?;
-
-        let mut random = [0u8; 8];
-        crypto_provider()
-            .secure_random
-            .fill(&mut random)
-            .map_err(|e| Error::Tls {
-                context: "random incarnation",
-                reason: format!("{e:?}"),
-            })?;
         let (events_tx, events_rx) = mpsc::channel(config.event_buffer.get());
         let inner = Arc::new(Inner {
             proc: credentials.proc().clone(),
-            incarnation: Incarnation(u64::from_le_bytes(random)),
+            incarnation,
             advertised: config.advertised_addr.unwrap_or(local_addr),
             handshakes: Arc::new(Semaphore::new(config.max_handshakes.get())),
             pending_handshakes: AtomicUsize::new(0),
@@ -679,6 +711,28 @@ impl Endpoint {
     pub async fn wait_idle(&self) {
         self.inner.quic.wait_idle().await;
     }
+}
+
+/// Wraps an I/O error with what was being done.
+fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io {
+        context,
+        path: None,
+        source,
+    }
+}
+
+/// A fresh incarnation, drawn from the crypto provider's generator.
+fn random_incarnation() -> Result<Incarnation, Error> {
+    let mut random = [0u8; 8];
+    crypto_provider()
+        .secure_random
+        .fill(&mut random)
+        .map_err(|e| Error::Tls {
+            context: "random incarnation",
+            reason: format!("{e:?}"),
+        })?;
+    Ok(Incarnation(u64::from_le_bytes(random)))
 }
 
 /// The quinn server and client configs of `credentials`, with the

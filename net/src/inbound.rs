@@ -89,10 +89,12 @@ impl InboundPeers {
         }
         if map.len() >= max_peers {
             // Forget the least recently active disconnected peer.
+            // Ties (common under a paused clock) go to the smallest id, not
+            // to the map's random order.
             let victim = map
                 .iter()
                 .filter(|(_, e)| e.conn.is_none())
-                .min_by_key(|(_, e)| e.last_active)
+                .min_by(|(p, e), (q, f)| e.last_active.cmp(&f.last_active).then_with(|| p.cmp(q)))
                 .map(|(p, _)| p.clone());
             if let Some(victim) = victim {
                 tracing::debug!(peer = %victim, "forgetting receive state of an idle peer");
@@ -652,7 +654,21 @@ async fn receive_stream(
                 return;
             }
         }
+        // Biased (see `link::run_control`): the acknowledgement timer first;
+        // it is ready once per batch, so a busy stream cannot starve it.
         tokio::select! {
+            biased;
+            _ = tokio::time::sleep_until(ack_due.unwrap_or_else(Instant::now)), if ack_due.is_some() => {
+                ack_due = None;
+                unacked = 0;
+                if let Some(up_to) = last_seen.filter(|s| Some(*s) != last_acked) {
+                    replies.push(&ToSender::Ack { up_to });
+                    last_acked = Some(up_to);
+                }
+                if !replies.flush(&mut send).await {
+                    return;
+                }
+            }
             chunk = recv.read_chunk(READ_CHUNK_BYTES, true) => match chunk {
                 Ok(Some(chunk)) => decoder.push(&chunk.bytes),
                 Ok(None) => {
@@ -672,17 +688,6 @@ async fn receive_stream(
                 }
                 Err(_) => return,
             },
-            _ = tokio::time::sleep_until(ack_due.unwrap_or_else(Instant::now)), if ack_due.is_some() => {
-                ack_due = None;
-                unacked = 0;
-                if let Some(up_to) = last_seen.filter(|s| Some(*s) != last_acked) {
-                    replies.push(&ToSender::Ack { up_to });
-                    last_acked = Some(up_to);
-                }
-                if !replies.flush(&mut send).await {
-                    return;
-                }
-            }
         }
     }
 }

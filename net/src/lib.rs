@@ -73,6 +73,8 @@ mod inbox;
 mod link;
 mod outbound;
 pub mod session;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod tls;
 pub mod wire;
 
@@ -86,7 +88,7 @@ pub use id::{
 };
 pub use inbox::{Delivery, Inbox, Payload};
 pub use session::{RecvWindow, SendWindow};
-pub use tls::{ClusterCa, ProcCredentials, Role, Validity};
+pub use tls::{ClusterCa, KeyAlgorithm, ProcCredentials, Role, Validity};
 pub use wire::{Envelope, FrameDecoder, RejectCause, WireError, encode_frame};
 
 #[cfg(test)]

@@ -180,12 +180,48 @@ pub(crate) async fn run_control(
         if *shutdown.borrow() {
             return LinkFailure::EndpointClosed;
         }
+        // Biased (fixed order, as in every select of this crate): a random
+        // order is drawn from tokio's per-runtime generator, which cannot be
+        // seeded on stable tokio, and would break replay in simulation.
+        // Rare events first; the tick before the stream, so a peer that
+        // floods the control stream cannot starve the heartbeats (the tick
+        // is ready once per period, so it starves nothing).
         tokio::select! {
+            biased;
+            _ = shutdown.changed() => return LinkFailure::EndpointClosed,
+            e = conn.closed() => return classify(&e),
+            () = &mut expiry => {
+                return LinkFailure::Refused(format!(
+                    "the peer's certificate expired at {}",
+                    crate::tls::utc_date(peer_not_after)
+                ));
+            }
             _ = tick.tick() => {
                 let now = Instant::now();
                 let silent_for = now - last_heard;
                 if silent_for >= failure_timeout {
-                    return LinkFailure::HeartbeatTimeout { silent_for };
+                    // The tick wins ties: after this process was starved
+                    // (descheduled, stopped), the peer's heartbeats may sit
+                    // unread. Heard now is heard: take what is there first.
+                    tokio::select! {
+                        biased;
+                        chunk = recv.read_chunk(READ_CHUNK_BYTES, true) => match chunk {
+                            Ok(Some(chunk)) => {
+                                last_heard = now;
+                                decoder.push(&chunk.bytes);
+                                continue;
+                            }
+                            Ok(None) => {
+                                return LinkFailure::ConnectionLost(
+                                    "control stream finished".into(),
+                                );
+                            }
+                            Err(e) => return classify_read(&e),
+                        },
+                        () = std::future::ready(()) => {
+                            return LinkFailure::HeartbeatTimeout { silent_for };
+                        }
+                    }
                 }
                 if now >= next_heartbeat {
                     next_heartbeat = now + heartbeat_interval;
@@ -206,14 +242,6 @@ pub(crate) async fn run_control(
                 }
                 Err(e) => return classify_read(&e),
             },
-            e = conn.closed() => return classify(&e),
-            () = &mut expiry => {
-                return LinkFailure::Refused(format!(
-                    "the peer's certificate expired at {}",
-                    crate::tls::utc_date(peer_not_after)
-                ));
-            }
-            _ = shutdown.changed() => return LinkFailure::EndpointClosed,
         }
     }
 }

@@ -523,9 +523,11 @@ async fn drive_session(inner: Arc<Inner>, session: Arc<Session>, first_addr: Soc
                 if now >= deadline {
                     break failure;
                 }
+                // Biased: see `link::run_control`.
                 tokio::select! {
-                    _ = tokio::time::sleep(backoff.min(deadline - now)) => {}
+                    biased;
                     _ = shutdown.changed() => {}
+                    _ = tokio::time::sleep(backoff.min(deadline - now)) => {}
                 }
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
@@ -541,7 +543,11 @@ fn close_session(inner: &Inner, session: &Arc<Session>, cause: LinkFailure) {
     let pairs: Vec<Arc<Pair>> = {
         let mut pairs = lock(&session.pairs);
         pairs.closed = true;
-        pairs.map.drain().map(|(_, p)| p).collect()
+        let mut pairs: Vec<Arc<Pair>> = pairs.map.drain().map(|(_, p)| p).collect();
+        // In the order the pairs were made, not the map's (random) order:
+        // what comes back, and which senders wake first, replays.
+        pairs.sort_by_key(|p| p.epoch);
+        pairs
     };
     {
         let mut sessions = lock(&inner.sessions);
@@ -640,9 +646,12 @@ async fn run_stream(
     conn: &quinn::Connection,
     link_rx: &mut watch::Receiver<Link>,
 ) -> StreamEnd {
+    // Biased (see `link::run_control`): a newer link wins over a stream on
+    // the old one.
     let opened = tokio::select! {
-        r = conn.open_bi() => r,
+        biased;
         _ = link_rx.changed() => return StreamEnd::LinkLost,
+        r = conn.open_bi() => r,
     };
     let Ok((mut send, recv)) = opened else {
         return wait_for_new_link(link_rx).await;
@@ -686,8 +695,9 @@ async fn run_stream(
         if let Some(mut send) = taken {
             let write = send.write_all_chunks(&mut chunks);
             let result = tokio::select! {
-                r = write => r,
+                biased;
                 _ = link_rx.changed() => break StreamEnd::LinkLost,
+                r = write => r,
             };
             chunks.clear();
             if let Err(e) = result {
@@ -703,8 +713,13 @@ async fn run_stream(
         // Only this driver takes the stream out, so it is in place here.
         chunks.clear();
         let idle_at = (last_send + inner.config.pair_idle_timeout).max(next_idle_check);
+        // Biased (see `link::run_control`): the link and the stream's end
+        // first (each ready once), then new messages, then the idle check.
         tokio::select! {
-            _ = pair.wake.notified() => {}
+            biased;
+            changed = link_rx.changed() => {
+                break if changed.is_err() { StreamEnd::SessionClosed } else { StreamEnd::LinkLost };
+            }
             ack_end = &mut acks => break match ack_end {
                 Ok(AckEnd::Closed(reason)) => StreamEnd::Refused(reason),
                 Ok(AckEnd::Protocol(e)) => {
@@ -717,6 +732,7 @@ async fn run_stream(
                 Ok(AckEnd::Finished) => StreamEnd::Refused("peer finished the stream".into()),
                 Ok(AckEnd::Lost) | Err(_) => StreamEnd::LinkLost,
             },
+            _ = pair.wake.notified() => {}
             _ = tokio::time::sleep_until(idle_at) => {
                 if close_if_idle(session, pair, inner.config.pair_idle_timeout) {
                     if let Some(mut send) = lock(&pair.state).stream.take() {
@@ -727,9 +743,6 @@ async fn run_stream(
                 // Unacknowledged messages (or a send just now): look again
                 // later.
                 next_idle_check = Instant::now() + inner.config.pair_idle_timeout / 4;
-            }
-            changed = link_rx.changed() => {
-                break if changed.is_err() { StreamEnd::SessionClosed } else { StreamEnd::LinkLost };
             }
         }
     };

@@ -312,6 +312,56 @@ pub fn peer_role(chain: &[CertificateDer<'_>]) -> Result<Role, Error> {
     Ok(certificate_facts(leaf)?.role)
 }
 
+/// The key and signature algorithm of a cluster CA and of the certificates
+/// it issues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyAlgorithm {
+    /// ECDSA on P-256 with SHA-256, the default. Its DER signatures vary in
+    /// length (70 to 72 bytes) from one signing to the next.
+    #[default]
+    EcdsaP256,
+    /// Ed25519: signatures of fixed length (64 bytes), the same for the same
+    /// input. A simulation needs it for datagram sizes that replay from a
+    /// seed (see `regent_net::sim`).
+    Ed25519,
+}
+
+impl KeyAlgorithm {
+    fn rcgen(self) -> &'static rcgen::SignatureAlgorithm {
+        match self {
+            Self::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+            Self::Ed25519 => &rcgen::PKCS_ED25519,
+        }
+    }
+
+    /// The algorithm of a loaded key: Ed25519 if it is one, else the
+    /// default (the keys a loaded CA issues).
+    fn of(key: &KeyPair) -> Self {
+        if key.algorithm() == &rcgen::PKCS_ED25519 {
+            Self::Ed25519
+        } else {
+            Self::EcdsaP256
+        }
+    }
+}
+
+/// A random serial number of 20 bytes (RFC 5280's most) whose DER encoding
+/// is always 20 bytes long: the first byte is in `0x40..=0x7f` (no sign
+/// byte, no leading zero to strip). rcgen's default, a hash of the key,
+/// loses a byte one time in 128, which changes the certificate's size.
+fn serial_number() -> Result<rcgen::SerialNumber, Error> {
+    let mut serial = [0u8; 20];
+    crypto_provider()
+        .secure_random
+        .fill(&mut serial)
+        .map_err(|e| Error::Certificate {
+            context: "serial number",
+            reason: format!("{e:?}"),
+        })?;
+    serial[0] = (serial[0] & 0x7f) | 0x40;
+    Ok(rcgen::SerialNumber::from_slice(&serial))
+}
+
 /// The certificate authority of one cluster. The controller makes it (or
 /// loads it) and issues a certificate to each proc, host agent and itself.
 pub struct ClusterCa {
@@ -319,6 +369,8 @@ pub struct ClusterCa {
     cert_pem: String,
     issuer: Issuer<'static, KeyPair>,
     not_after: SystemTime,
+    /// The algorithm of the keys it issues.
+    algorithm: KeyAlgorithm,
 }
 
 impl fmt::Debug for ClusterCa {
@@ -326,12 +378,13 @@ impl fmt::Debug for ClusterCa {
         f.debug_struct("ClusterCa")
             .field("cert_der_bytes", &self.cert_der.len())
             .field("not_after", &self.not_after)
+            .field("algorithm", &self.algorithm)
             .finish_non_exhaustive()
     }
 }
 
 impl ClusterCa {
-    /// Makes a new CA (ECDSA P-256) whose subject is `CN=<name>`, valid for
+    /// Makes a new CA (ECDSA P-256, [`KeyAlgorithm::default`]) whose subject is `CN=<name>`, valid for
     /// [`Validity::CA`] (365 days).
     pub fn generate(name: &str) -> Result<Self, Error> {
         Self::generate_with_validity(name, Validity::for_duration(Validity::CA)?)
@@ -340,7 +393,17 @@ impl ClusterCa {
     /// Makes a new CA like [`Self::generate`], valid for `validity`. It
     /// issues no certificate valid past its own end.
     pub fn generate_with_validity(name: &str, validity: Validity) -> Result<Self, Error> {
-        let key = KeyPair::generate().map_err(cert_err("generate CA key"))?;
+        Self::generate_with(name, validity, KeyAlgorithm::default())
+    }
+
+    /// Makes a new CA like [`Self::generate_with_validity`] whose key, and
+    /// the keys of the certificates it issues, are of `algorithm`.
+    pub fn generate_with(
+        name: &str,
+        validity: Validity,
+        algorithm: KeyAlgorithm,
+    ) -> Result<Self, Error> {
+        let key = KeyPair::generate_for(algorithm.rcgen()).map_err(cert_err("generate CA key"))?;
         let mut params =
             CertificateParams::new(Vec::<String>::new()).map_err(cert_err("CA parameters"))?;
         params.distinguished_name.push(DnType::CommonName, name);
@@ -352,18 +415,21 @@ impl ClusterCa {
         ];
         params.not_before = asn1_date(validity.not_before)?;
         params.not_after = asn1_date(validity.not_after)?;
+        params.serial_number = Some(serial_number()?);
         let cert = params.self_signed(&key).map_err(cert_err("self-sign CA"))?;
         Ok(Self {
             cert_der: cert.der().clone(),
             cert_pem: cert.pem(),
             issuer: Issuer::new(params, key),
             not_after: whole_seconds(validity.not_after),
+            algorithm,
         })
     }
 
     /// Loads a CA from its certificate and private key in PEM.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, Error> {
         let key = KeyPair::from_pem(key_pem).map_err(cert_err("parse CA key"))?;
+        let algorithm = KeyAlgorithm::of(&key);
         let cert_der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|e| {
             Error::Certificate {
                 context: "parse CA certificate",
@@ -382,6 +448,7 @@ impl ClusterCa {
             cert_pem: cert_pem.to_owned(),
             issuer,
             not_after,
+            algorithm,
         })
     }
 
@@ -418,8 +485,14 @@ impl ClusterCa {
         self.not_after
     }
 
+    /// The algorithm of the keys it issues: its own key's (ECDSA P-256 for
+    /// a loaded CA whose key is not Ed25519).
+    pub fn algorithm(&self) -> KeyAlgorithm {
+        self.algorithm
+    }
+
     /// Issues the certificate of `proc` with `role`, valid for `validity`
-    /// (a fresh ECDSA P-256 key; the proc id as DNS name and the role as a
+    /// (a fresh key of [`Self::algorithm`]; the proc id as DNS name and the role as a
     /// `regent-role:` URI; usable as TLS client and server). Both are
     /// chosen by the caller: a controller issues [`Role::Proc`] to its procs
     /// and [`Role::Controller`] only to itself. Refused if the certificate
@@ -440,9 +513,11 @@ impl ClusterCa {
                 ),
             });
         }
-        let key = KeyPair::generate().map_err(cert_err("generate proc key"))?;
+        let key =
+            KeyPair::generate_for(self.algorithm.rcgen()).map_err(cert_err("generate proc key"))?;
         let mut params = CertificateParams::new(vec![proc.as_str().to_owned()])
             .map_err(cert_err("proc certificate parameters"))?;
+        params.serial_number = Some(serial_number()?);
         params.subject_alt_names.push(SanType::URI(
             role.uri().try_into().map_err(cert_err("role URI"))?,
         ));
@@ -950,6 +1025,43 @@ mod tests {
         assert_eq!(
             certificate_facts(&other.chain()[0]).unwrap().role,
             Role::Proc
+        );
+    }
+
+    #[test]
+    fn ed25519_certificates_have_one_size_and_load_back_as_ed25519() {
+        // A simulation needs datagrams of the same size run to run: every
+        // certificate of a CA the same length (the serial never loses a
+        // byte), and the CA's algorithm kept when it is loaded again.
+        let ca = ClusterCa::generate_with(
+            "sizes",
+            Validity::for_duration(Validity::CA).unwrap(),
+            KeyAlgorithm::Ed25519,
+        )
+        .unwrap();
+        let p = ProcId::new("p").unwrap();
+        let sizes: std::collections::BTreeSet<usize> = (0..400)
+            .map(|_| ca.issue(&p, Role::Proc, Validity::job()).unwrap().chain()[0].len())
+            .collect();
+        assert_eq!(sizes.len(), 1, "certificate sizes {sizes:?}");
+        let cas: std::collections::BTreeSet<usize> = (0..100)
+            .map(|_| {
+                ClusterCa::generate_with(
+                    "sizes",
+                    Validity::for_duration(Validity::CA).unwrap(),
+                    KeyAlgorithm::Ed25519,
+                )
+                .unwrap()
+                .cert_der()
+                .len()
+            })
+            .collect();
+        assert_eq!(cas.len(), 1, "CA certificate sizes {cas:?}");
+        let loaded = ClusterCa::from_pem(ca.cert_pem(), &ca.issuer.key().serialize_pem()).unwrap();
+        assert_eq!(loaded.algorithm(), KeyAlgorithm::Ed25519);
+        assert_eq!(
+            ClusterCa::generate("default").unwrap().algorithm(),
+            KeyAlgorithm::EcdsaP256
         );
     }
 
