@@ -761,13 +761,14 @@ fn rdma(out: &mut Seeds) {
 
     // The headers' layout (rdma/src/tcp/wire.rs): each seed is checked to
     // decode and encode back to itself.
-    let request = |op: u8, len: u32, buffer: u64, offset: u64| {
-        let mut b = [0u8; 40];
+    let request = |op: u8, len: u32, buffer: u64, offset: u64, window: u32| {
+        let mut b = [0u8; 44];
         b[0] = op;
         b[4..8].copy_from_slice(&len.to_le_bytes());
         b[8..16].copy_from_slice(&buffer.to_le_bytes());
         b[16..24].copy_from_slice(&offset.to_le_bytes());
         b[24..40].copy_from_slice(&[9; 16]);
+        b[40..44].copy_from_slice(&window.to_le_bytes());
         b
     };
     let response = |status: u8, len: u32| {
@@ -778,9 +779,10 @@ fn rdma(out: &mut Seeds) {
     };
     let mut seeds = Vec::new();
     for (name, b) in [
-        ("request-read", request(1, 4096, 7, 0)),
-        ("request-write", request(2, 1 << 20, 7, 1 << 30)),
-        ("request-verbs-connect", request(3, 32, 0, 0)),
+        ("request-read", request(1, 4096, 7, 0, 0)),
+        ("request-write", request(2, 1 << 20, 7, 1 << 30, 0)),
+        ("request-write-windowed", request(2, 4096, 7, 64, 0x0102_0304)),
+        ("request-verbs-connect", request(3, 32, 0, 0, 0)),
     ] {
         assert_eq!(regent_rdma::fuzz_tcp_request(&b), Some(b), "{name}");
         seeds.push((name.to_owned(), b.to_vec()));
