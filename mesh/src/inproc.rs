@@ -10,7 +10,7 @@
 //! the proc opened its command port would be refused (`NoSuchPort`) and
 //! given back to a sender that expected an answer.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -41,7 +41,8 @@ struct Running {
 
 /// Procs as tasks of this process (see the module docs).
 pub struct InProcAllocator {
-    procs: Mutex<HashMap<ProcId, Running>>,
+    /// Ordered: dropping the allocator closes the endpoints in a fixed order.
+    procs: Mutex<BTreeMap<ProcId, Running>>,
     events_tx: mpsc::Sender<ProcEvent>,
     events_rx: Mutex<Option<mpsc::Receiver<ProcEvent>>>,
 }
@@ -58,7 +59,7 @@ impl InProcAllocator {
     pub fn new() -> Self {
         let (events_tx, events_rx) = mpsc::channel(EVENTS);
         Self {
-            procs: Mutex::new(HashMap::new()),
+            procs: Mutex::new(BTreeMap::new()),
             events_tx,
             events_rx: Mutex::new(Some(events_rx)),
         }
@@ -111,6 +112,8 @@ impl InProcAllocator {
                 owner,
                 owner_lease: lease,
                 buffers,
+                member_threads: true,
+                seed: None,
             };
             let ready = async move {
                 if let Some(tx) = on_ready.lock().expect("ready lock").take() {
@@ -248,7 +251,8 @@ impl Allocator for InProcAllocator {
 
 impl Drop for InProcAllocator {
     fn drop(&mut self) {
-        for (_, r) in self.procs.lock().expect("procs lock").drain() {
+        let procs = std::mem::take(&mut *self.procs.lock().expect("procs lock"));
+        for r in procs.into_values() {
             r.task.abort();
             r.endpoint.close();
         }

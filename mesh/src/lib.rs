@@ -4,7 +4,8 @@
 //! The modules read top-down (no import cycle between siblings):
 //! - leaves: [`shape`], [`selection`], [`tree`] (the pure geometry of meshes
 //!   and cast trees); [`protocol`] (the wire messages and their checks);
-//!   [`error`]; [`policy`] (mesh supervision decisions as a pure machine).
+//!   [`error`]; [`policy`] (mesh supervision decisions as a pure machine);
+//!   `entropy` (random ids: from the OS, or from a seed in a simulation).
 //! - `fabric`-level: how frames move (the `Fabric` trait, the
 //!   control-plane fabric, pending calls, lost procs), and `cast` (casts
 //!   and calls rooted anywhere, one cast-tree node, and their outcomes
@@ -32,6 +33,7 @@ pub mod alloc;
 pub mod boot;
 mod bootstrap;
 mod cast;
+mod entropy;
 pub mod error;
 mod fabric;
 pub mod host;
