@@ -22,7 +22,9 @@
 //! - [`boot`], [`host`], [`alloc`]: one binary, three roles ([`bootstrap`]);
 //!   host agents; the local, host and Slurm allocators. [`inproc`],
 //!   [`sim`]: procs as tasks of one process (real QUIC), and a socket-free
-//!   simulation of meshes of 100,000 members.
+//!   simulation of meshes of 100,000 members; `simnet` (feature `sim`): the
+//!   controller and in-process procs over a seeded simulated network, on
+//!   one thread, replayable from a seed.
 //!
 //! The contract is in `docs/semantics.md` §3–§5.
 #![forbid(unsafe_code)]
@@ -50,6 +52,8 @@ pub mod runtime;
 pub mod selection;
 pub mod shape;
 pub mod sim;
+#[cfg(feature = "sim")]
+pub mod simnet;
 pub mod tree;
 
 #[doc(hidden)]

@@ -111,6 +111,22 @@ impl Runtime {
         Self::on_endpoint(config, ca, endpoint, Entropy::os())
     }
 
+    /// Starts a controller whose endpoint is bound at `config.bind` on a
+    /// simulated network (feature `sim`), with every random choice of its
+    /// own (cast tokens and seeds) drawn from the network's seed. Give it
+    /// an Ed25519 CA, so that datagram sizes replay (see `regent_net::sim`).
+    #[cfg(feature = "sim")]
+    pub fn start_sim(
+        config: RuntimeConfig,
+        ca: ClusterCa,
+        net: &regent_net::sim::SimNet,
+    ) -> Result<Self, MeshError> {
+        let credentials = Self::credentials(&config, &ca)?;
+        let endpoint = Endpoint::bind_sim(credentials, net, config.bind, config.endpoint.clone())?;
+        let entropy = Entropy::seeded(net.random_u64());
+        Self::on_endpoint(config, ca, endpoint, entropy)
+    }
+
     /// The controller's credentials, issued by `ca` for `config.name`.
     fn credentials(
         config: &RuntimeConfig,
