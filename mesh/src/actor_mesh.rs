@@ -292,7 +292,7 @@ impl<A: MeshActor> ActorMesh<A> {
         let frame = cast::frame(
             &info,
             self.view.as_ref(),
-            caster.origin().clone(),
+            caster,
             selection,
             msg,
             collect,

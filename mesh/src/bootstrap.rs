@@ -110,6 +110,8 @@ async fn run_proc() -> i32 {
         owner: start.boot.owner.proc.clone(),
         owner_lease: start.boot.owner_lease,
         buffers,
+        member_threads: true,
+        seed: None,
     };
     let ready = async { start.report_ready().await.map_err(|e| e.to_string()) };
     match proc::serve(setup, ready).await {

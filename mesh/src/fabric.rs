@@ -7,7 +7,7 @@
 //! plane before the cast's budget runs out fails, and a frame to a proc
 //! known to be lost fails at once, without waiting for the control plane.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -174,7 +174,8 @@ impl LostProcs {
 #[derive(Default)]
 pub(crate) struct Pending {
     next: AtomicU64,
-    calls: Mutex<HashMap<u64, Waiter>>,
+    /// Ordered: a lost proc fails its calls in the order they were made.
+    calls: Mutex<BTreeMap<u64, Waiter>>,
 }
 
 pub(crate) enum Waiter {
@@ -308,16 +309,28 @@ pub(crate) struct NetFabric {
     /// Cast-tree commands this node has sent (its share of the fan-out).
     pub(crate) commands_sent: AtomicU64,
     pub(crate) lost: LostProcs,
+    /// Whether the members of this proc run on threads of their own.
+    member_threads: bool,
 }
 
 impl NetFabric {
+    /// The control plane of `endpoint`, as `me`; members on threads of
+    /// their own.
     pub(crate) fn new(endpoint: Endpoint, me: ActorId) -> Self {
         Self {
             endpoint,
             me,
             commands_sent: AtomicU64::new(0),
             lost: LostProcs::default(),
+            member_threads: true,
         }
+    }
+
+    /// Sets whether members run on threads of their own (`false`: as tasks
+    /// of the current runtime, as a deterministic simulation needs).
+    pub(crate) fn member_threads(mut self, on: bool) -> Self {
+        self.member_threads = on;
+        self
     }
 
     /// Sends `message` to `to`, giving up at `deadline`; a proc known to be
@@ -395,6 +408,10 @@ impl Fabric for NetFabric {
 
     fn lost(&self) -> &LostProcs {
         &self.lost
+    }
+
+    fn own_threads(&self) -> bool {
+        self.member_threads
     }
 
     fn learn(&self, info: &MeshInfo) {

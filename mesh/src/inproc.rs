@@ -1,8 +1,10 @@
 //! An allocator whose procs are tasks of the calling process, each with its
 //! own QUIC endpoint: the real proc runtime and the real control plane,
 //! without process boundaries. For tests of mesh logic, examples that should
-//! not fork, and simulations. It cannot model process faults (a kill aborts
-//! the proc's task and closes its endpoint).
+//! not fork, and simulations (feature `sim`: the endpoints bind on a
+//! simulated network, which the simulation of a cluster builds on). It
+//! cannot model process faults (a kill aborts the proc's task and closes
+//! its endpoint).
 //!
 //! Like every allocator, it returns a proc only once the proc is ready: its
 //! ports are open and its runtime takes commands. The endpoint accepts
@@ -10,7 +12,7 @@
 //! the proc opened its command port would be refused (`NoSuchPort`) and
 //! given back to a sender that expected an answer.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -39,9 +41,22 @@ struct Running {
     endpoint: Endpoint,
 }
 
+/// Where the procs' endpoints bind.
+#[derive(Clone)]
+enum Network {
+    /// UDP sockets, and each proc has a payload plane.
+    Udp,
+    /// A simulated network: no payload plane, members as tasks, and the
+    /// procs' random numbers from the network's seed.
+    #[cfg(feature = "sim")]
+    Sim(regent_net::sim::SimNet),
+}
+
 /// Procs as tasks of this process (see the module docs).
 pub struct InProcAllocator {
-    procs: Mutex<HashMap<ProcId, Running>>,
+    network: Network,
+    /// Ordered: dropping the allocator closes the endpoints in a fixed order.
+    procs: Mutex<BTreeMap<ProcId, Running>>,
     events_tx: mpsc::Sender<ProcEvent>,
     events_rx: Mutex<Option<mpsc::Receiver<ProcEvent>>>,
 }
@@ -56,24 +71,57 @@ impl InProcAllocator {
     /// An allocator of in-process procs; their endpoints take the settings
     /// of their boot (the controller's).
     pub fn new() -> Self {
+        Self::on(Network::Udp)
+    }
+
+    /// An allocator of in-process procs whose endpoints bind on a simulated
+    /// network (at their boot's `bind` address), deterministically: no
+    /// payload plane (`Member::buffers` is `None`), every member life a
+    /// task of the current runtime (no thread of its own), and each proc's
+    /// random numbers drawn from the network's seed.
+    #[cfg(feature = "sim")]
+    pub fn on_simnet(net: &regent_net::sim::SimNet) -> Self {
+        Self::on(Network::Sim(net.clone()))
+    }
+
+    fn on(network: Network) -> Self {
         let (events_tx, events_rx) = mpsc::channel(EVENTS);
         Self {
-            procs: Mutex::new(HashMap::new()),
+            network,
+            procs: Mutex::new(BTreeMap::new()),
             events_tx,
             events_rx: Mutex::new(Some(events_rx)),
         }
     }
 
-    /// Binds the proc's endpoint and starts its task; the proc is ready
-    /// when the returned receiver says so.
-    fn start(&self, boot: ProcBoot) -> Result<(AllocatedProc, ReadyRx), AllocError> {
+    /// The proc's endpoint, and what its runtime runs with beside it:
+    /// whether members get threads of their own, and its seed.
+    fn bind(&self, boot: &ProcBoot) -> Result<(Endpoint, bool, Option<u64>), AllocError> {
         let credentials = ProcCredentials::from_pem(
             boot.proc.clone(),
             &boot.cert_pem,
             &boot.key_pem,
             &boot.ca_pem,
         )?;
-        let endpoint = Endpoint::bind(credentials, boot.bind, boot.endpoint.clone())?;
+        Ok(match &self.network {
+            Network::Udp => (
+                Endpoint::bind(credentials, boot.bind, boot.endpoint.clone())?,
+                true,
+                None,
+            ),
+            #[cfg(feature = "sim")]
+            Network::Sim(net) => (
+                Endpoint::bind_sim(credentials, net, boot.bind, boot.endpoint.clone())?,
+                false,
+                Some(net.random_u64()),
+            ),
+        })
+    }
+
+    /// Binds the proc's endpoint and starts its task; the proc is ready
+    /// when the returned receiver says so.
+    fn start(&self, boot: ProcBoot) -> Result<(AllocatedProc, ReadyRx), AllocError> {
+        let (endpoint, member_threads, seed) = self.bind(&boot)?;
         endpoint.add_route(boot.owner.clone());
         let addr = endpoint.addr();
         let proc = boot.proc.clone();
@@ -81,12 +129,17 @@ impl InProcAllocator {
         let serving = endpoint.clone();
         let lease = boot.owner_lease;
         let owner = boot.owner.proc.clone();
-        let creds = ProcCredentials::from_pem(
-            boot.proc.clone(),
-            &boot.cert_pem,
-            &boot.key_pem,
-            &boot.ca_pem,
-        )?;
+        // The payload plane's credentials (none in a simulation).
+        let creds = match self.network {
+            Network::Udp => Some(ProcCredentials::from_pem(
+                boot.proc.clone(),
+                &boot.cert_pem,
+                &boot.key_pem,
+                &boot.ca_pem,
+            )?),
+            #[cfg(feature = "sim")]
+            Network::Sim(_) => None,
+        };
         // Taken by whichever comes first: `serve` saying its ports are open,
         // or the task ending without that. (The lock is held only for a
         // `take`, which cannot panic, so it is never poisoned.)
@@ -94,16 +147,21 @@ impl InProcAllocator {
         let ready_tx = std::sync::Arc::new(Mutex::new(Some(ready_tx)));
         let on_ready = ready_tx.clone();
         let task = tokio::spawn(async move {
-            let buffers = match regent_rdma::BufferManager::start(
-                regent_rdma::ManagerConfig::default(),
-                creds,
-            )
-            .await
-            {
-                Ok(b) => Some(std::sync::Arc::new(b)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "an in-process proc runs without a payload plane");
-                    None
+            let buffers = match creds {
+                None => None,
+                Some(creds) => {
+                    match regent_rdma::BufferManager::start(
+                        regent_rdma::ManagerConfig::default(),
+                        creds,
+                    )
+                    .await
+                    {
+                        Ok(b) => Some(std::sync::Arc::new(b)),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "an in-process proc runs without a payload plane");
+                            None
+                        }
+                    }
                 }
             };
             let setup = ProcSetup {
@@ -111,6 +169,8 @@ impl InProcAllocator {
                 owner,
                 owner_lease: lease,
                 buffers,
+                member_threads,
+                seed,
             };
             let ready = async move {
                 if let Some(tx) = on_ready.lock().expect("ready lock").take() {
@@ -147,7 +207,8 @@ impl InProcAllocator {
         Ok((allocated, ready_rx))
     }
 
-    fn kill(&self, proc: &ProcId) -> Result<(), AllocError> {
+    /// Aborts a proc's task, closes its endpoint and reports its exit.
+    pub(crate) fn kill(&self, proc: &ProcId) -> Result<(), AllocError> {
         let running = self
             .procs
             .lock()
@@ -248,7 +309,8 @@ impl Allocator for InProcAllocator {
 
 impl Drop for InProcAllocator {
     fn drop(&mut self) {
-        for (_, r) in self.procs.lock().expect("procs lock").drain() {
+        let procs = std::mem::take(&mut *self.procs.lock().expect("procs lock"));
+        for r in procs.into_values() {
             r.task.abort();
             r.endpoint.close();
         }

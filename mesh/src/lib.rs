@@ -4,7 +4,8 @@
 //! The modules read top-down (no import cycle between siblings):
 //! - leaves: [`shape`], [`selection`], [`tree`] (the pure geometry of meshes
 //!   and cast trees); [`protocol`] (the wire messages and their checks);
-//!   [`error`]; [`policy`] (mesh supervision decisions as a pure machine).
+//!   [`error`]; [`policy`] (mesh supervision decisions as a pure machine);
+//!   `entropy` (random ids: from the OS, or from a seed in a simulation).
 //! - `fabric`-level: how frames move (the `Fabric` trait, the
 //!   control-plane fabric, pending calls, lost procs), and `cast` (casts
 //!   and calls rooted anywhere, one cast-tree node, and their outcomes
@@ -21,7 +22,9 @@
 //! - [`boot`], [`host`], [`alloc`]: one binary, three roles ([`bootstrap`]);
 //!   host agents; the local, host and Slurm allocators. [`inproc`],
 //!   [`sim`]: procs as tasks of one process (real QUIC), and a socket-free
-//!   simulation of meshes of 100,000 members.
+//!   simulation of meshes of 100,000 members; `simnet` (feature `sim`): the
+//!   controller and in-process procs over a seeded simulated network, on
+//!   one thread, replayable from a seed.
 //!
 //! The contract is in `docs/semantics.md` §3–§5.
 #![forbid(unsafe_code)]
@@ -32,6 +35,7 @@ pub mod alloc;
 pub mod boot;
 mod bootstrap;
 mod cast;
+mod entropy;
 pub mod error;
 mod fabric;
 pub mod host;
@@ -48,6 +52,8 @@ pub mod runtime;
 pub mod selection;
 pub mod shape;
 pub mod sim;
+#[cfg(feature = "sim")]
+pub mod simnet;
 pub mod tree;
 
 #[doc(hidden)]

@@ -39,11 +39,14 @@ pub struct MeshId(pub u64);
 pub struct CastToken(pub u128);
 
 impl CastToken {
-    /// A fresh token.
+    /// A fresh token from the OS's random source.
     pub fn random() -> Self {
-        use std::hash::{BuildHasher, RandomState};
-        let a = RandomState::new().hash_one(std::time::Instant::now());
-        let b = RandomState::new().hash_one(a);
+        Self::drawn(&crate::entropy::Entropy::os())
+    }
+
+    /// A fresh token from `entropy` (seeded in a simulation).
+    pub(crate) fn drawn(entropy: &crate::entropy::Entropy) -> Self {
+        let (a, b) = (entropy.next_u64(), entropy.next_u64());
         Self(u128::from(a) << 64 | u128::from(b))
     }
 }

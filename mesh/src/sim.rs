@@ -218,7 +218,14 @@ impl SimWorld {
             let p = world.pending[&id].clone();
             let owner = root.clone();
             tasks.push(tokio::spawn(async move {
-                let mut rt = ProcRuntime::start(fabric.clone(), p, None, None, sim_types);
+                let mut rt = ProcRuntime::start(
+                    fabric.clone(),
+                    p,
+                    None,
+                    None,
+                    sim_types,
+                    crate::entropy::Entropy::os(),
+                );
                 while let Some((hops, sender, cmd)) = rx.recv().await {
                     fabric.hops.store(hops, Ordering::Relaxed);
                     // The root is the owner; procs only forward casts.

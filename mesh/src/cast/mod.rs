@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::entropy::Entropy;
 use crate::error::{MemberError, MembersFailed, MeshError};
 use crate::fabric::{Fabric, Pending};
 use crate::protocol::{CastFrame, Collect, Contribution, MeshInfo, ReplyTo, decode, encode};
@@ -45,6 +46,8 @@ pub(crate) struct Caster {
     jobs: mpsc::Sender<Job>,
     fabric: Arc<dyn Fabric>,
     origin: regent_net::ActorId,
+    /// Where the seeds of its casts (and its owner's cast tokens) come from.
+    entropy: Arc<Entropy>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -55,12 +58,13 @@ impl Drop for Caster {
 }
 
 impl Caster {
-    /// A caster sending as `origin` through `fabric`; its task runs on the
-    /// current runtime.
+    /// A caster sending as `origin` through `fabric`, drawing its casts'
+    /// seeds from `entropy`; its task runs on the current runtime.
     pub(crate) fn start(
         fabric: Arc<dyn Fabric>,
         pending: Arc<Pending>,
         origin: regent_net::ActorId,
+        entropy: Arc<Entropy>,
     ) -> Self {
         let (jobs, rx) = mpsc::channel(QUEUED_CASTS);
         let task = tokio::spawn(run_caster(fabric.clone(), pending, rx));
@@ -68,13 +72,9 @@ impl Caster {
             jobs,
             fabric,
             origin,
+            entropy,
             task,
         }
-    }
-
-    /// The actor casts are sent as.
-    pub(crate) fn origin(&self) -> &regent_net::ActorId {
-        &self.origin
     }
 
     /// Hands a frame over; with `wait`, returns what came back from the tree.
@@ -150,12 +150,12 @@ async fn run_caster(fabric: Arc<dyn Fabric>, pending: Arc<Pending>, mut jobs: mp
 }
 
 /// The frame that casts `msg` to `selection` of `view` (the whole mesh when
-/// `None`) with `timeout` to spend. The selection is checked here, so that
-/// procs never see one that does not bind.
+/// `None`) with `timeout` to spend, from `caster`. The selection is checked
+/// here, so that procs never see one that does not bind.
 pub(crate) fn frame<M: Serialize>(
     info: &MeshInfo,
     view: Option<&Shape>,
-    origin: regent_net::ActorId,
+    caster: &Caster,
     selection: &Selection,
     msg: &M,
     collect: Collect,
@@ -167,10 +167,10 @@ pub(crate) fn frame<M: Serialize>(
         mesh: info.id,
         generation: info.generation,
         token: info.token,
-        origin,
+        origin: caster.origin.clone(),
         view,
         selection: selection.clone(),
-        seed: rand_seed(),
+        seed: caster.entropy.next_u64(),
         procs: (0, info.proc_count()),
         per_proc: info.per_proc,
         lost: Vec::new(),
@@ -181,11 +181,6 @@ pub(crate) fn frame<M: Serialize>(
             .unwrap_or(u32::MAX)
             .min(crate::protocol::MAX_BUDGET_MS),
     })
-}
-
-fn rand_seed() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(std::time::Instant::now())
 }
 
 fn failures(failed: Vec<(u32, MemberError)>) -> Vec<(Rank, MemberError)> {

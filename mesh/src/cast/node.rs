@@ -9,7 +9,7 @@
 //! routed around: its own members fail at once and its subtree's chunks are
 //! forwarded to directly.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::ops::Range;
 use std::time::Duration;
 
@@ -46,7 +46,7 @@ pub(crate) struct Dispatched {
     results: mpsc::UnboundedReceiver<(usize, ChildResult)>,
     local: FuturesUnordered<BoxFuture<'static, (u32, EncodedReply)>>,
     /// Local members whose reply is awaited.
-    local_waiting: HashSet<u32>,
+    local_waiting: BTreeSet<u32>,
     acc: Contribution,
 }
 
@@ -63,7 +63,7 @@ impl Dispatched {
             child_calls: Vec::new(),
             results,
             local: FuturesUnordered::new(),
-            local_waiting: HashSet::new(),
+            local_waiting: BTreeSet::new(),
             acc: Contribution::default(),
         };
         (d, tx)
@@ -286,6 +286,10 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
     tokio::pin!(deadline);
     while open_children > 0 || !d.local.is_empty() {
         tokio::select! {
+            // A fixed order (so that a simulated run replays): local
+            // replies, children's results, then the deadline. Both sources
+            // are finite, so the deadline is reached if they stall.
+            biased;
             Some((rank, reply)) = d.local.next(), if !d.local.is_empty() => {
                 d.local_waiting.remove(&rank);
                 let part = local_part(&d.collect, rank, reply);
@@ -369,7 +373,7 @@ fn checked(mut part: Contribution, ranks: &[u32]) -> Contribution {
 
 /// The ranks whose values or failures are already in (only gathers split
 /// their results into parts; other collections answer once).
-fn answered(acc: &Contribution) -> HashSet<u32> {
+fn answered(acc: &Contribution) -> BTreeSet<u32> {
     acc.values
         .iter()
         .map(|(r, _)| *r)

@@ -10,7 +10,7 @@
 //! Receiving from a rank fails at once when the owner reports that rank
 //! failed, and at the deadline otherwise.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -102,7 +102,9 @@ pub struct ChannelReceiver {
     inbox: Inbox,
     known: Arc<KnownMesh>,
     state: watch::Receiver<PeerState>,
-    early: HashMap<u32, VecDeque<Bytes>>,
+    /// Messages that came before they were asked for, by sender rank
+    /// (ordered: `recv_any` takes the lowest rank's first).
+    early: BTreeMap<u32, VecDeque<Bytes>>,
     early_count: usize,
     early_bytes: usize,
 }
@@ -159,7 +161,7 @@ impl PeerChannel {
                 inbox,
                 known,
                 state,
-                early: HashMap::new(),
+                early: BTreeMap::new(),
                 early_count: 0,
                 early_bytes: 0,
             },
@@ -310,6 +312,10 @@ impl ChannelReceiver {
                 }
             }
             let delivery = tokio::select! {
+                // Fixed order (a simulated run replays): a message that
+                // came is taken; a state change is checked at the loop's
+                // top either way.
+                biased;
                 d = self.inbox.recv() => d.ok_or(ChannelError::Closed)?,
                 r = self.state.changed() => {
                     if r.is_err() {
@@ -354,6 +360,7 @@ impl ChannelReceiver {
         }
         loop {
             let delivery = tokio::select! {
+                biased;
                 d = self.inbox.recv() => d.ok_or(ChannelError::Closed)?,
                 () = tokio::time::sleep_until(deadline) => return Err(ChannelError::Timeout(self.me_rank())),
             };

@@ -573,6 +573,10 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
     loop {
         let expiry = held.iter().map(Held::until).min();
         tokio::select! {
+            // In a fixed order, so that a simulated run replays: casts
+            // first; nothing starves, as every turn ends by going through
+            // the held casts with the status and expiries as they are now.
+            biased;
             frame = casts.recv() => {
                 let Some(frame) = frame else { break };
                 if !behind(&held, &frame) && servable(&shared, &frame) {

@@ -12,7 +12,7 @@
 
 mod members;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +22,7 @@ use regent_rdma::BufferManager;
 use tokio::sync::mpsc;
 
 use crate::cast::{Caster, node};
+use crate::entropy::Entropy;
 use crate::error::MemberError;
 use crate::fabric::{Fabric, NetFabric, Pending};
 use crate::member::{KnownMesh, ProcServices};
@@ -87,6 +88,14 @@ pub struct ProcSetup {
     pub owner_lease: Duration,
     /// Its payload plane (members reach it through `Member::buffers`).
     pub buffers: Option<Arc<BufferManager>>,
+    /// Whether each member life runs on a thread of its own (a current-thread
+    /// runtime), so that blocking handlers delay only their own mailbox:
+    /// `true` in production. A deterministic simulation runs them as tasks
+    /// of the one runtime instead.
+    pub member_threads: bool,
+    /// Where the proc's random numbers (the seeds of its members' casts)
+    /// come from: `None` draws from the OS, a seed makes them replay.
+    pub seed: Option<u64>,
 }
 
 /// The proc runtime's state and command handling, independent of how
@@ -94,8 +103,9 @@ pub struct ProcSetup {
 pub(crate) struct ProcRuntime {
     fabric: Arc<dyn Fabric>,
     services: Arc<ProcServices>,
-    /// The meshes whose members this proc hosts.
-    hosted: HashMap<MeshId, Hosted>,
+    /// The meshes whose members this proc hosts (ordered: shutdown goes
+    /// through them in a fixed order).
+    hosted: BTreeMap<MeshId, Hosted>,
     /// Tells the serve loop that a member is stuck.
     stuck: mpsc::UnboundedSender<(MeshId, u32)>,
     stuck_rx: mpsc::UnboundedReceiver<(MeshId, u32)>,
@@ -106,20 +116,27 @@ pub(crate) struct ProcRuntime {
 }
 
 impl ProcRuntime {
-    /// Starts a proc runtime; `endpoint` and `buffers` are given to members.
+    /// Starts a proc runtime; `endpoint` and `buffers` are given to members,
+    /// whose casts draw their seeds from `entropy`.
     pub(crate) fn start(
         fabric: Arc<dyn Fabric>,
         pending: Arc<Pending>,
         endpoint: Option<Endpoint>,
         buffers: Option<Arc<BufferManager>>,
         types: ActorTypes,
+        entropy: Entropy,
     ) -> Self {
         let origin = ActorId {
             proc: fabric.proc().clone(),
             name: regent_net::ActorName::new(names::PROC).expect("a valid constant name"),
             index: 0,
         };
-        let caster = Arc::new(Caster::start(fabric.clone(), pending.clone(), origin));
+        let caster = Arc::new(Caster::start(
+            fabric.clone(),
+            pending.clone(),
+            origin,
+            Arc::new(entropy),
+        ));
         let services = Arc::new(ProcServices {
             fabric: fabric.clone(),
             pending: pending.clone(),
@@ -133,7 +150,7 @@ impl ProcRuntime {
         Self {
             fabric,
             services,
-            hosted: HashMap::new(),
+            hosted: BTreeMap::new(),
             stuck,
             stuck_rx,
             refused: 0,
@@ -454,10 +471,9 @@ impl ProcRuntime {
 
     /// Stops every member.
     pub(crate) async fn shutdown(&mut self) {
-        let stops: Vec<_> = self
-            .hosted
-            .drain()
-            .map(|(_, h)| async move {
+        let stops: Vec<_> = std::mem::take(&mut self.hosted)
+            .into_values()
+            .map(|h| async move {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 h.submit(MeshOp::Shutdown(tx));
                 let _ = rx.await;
@@ -527,6 +543,8 @@ where
         owner,
         owner_lease,
         buffers,
+        member_threads,
+        seed,
     } = setup;
     // A lease from the boot is bounded (the host agent caps it too): the
     // deadline arithmetic below never overflows.
@@ -534,7 +552,7 @@ where
     let me = proc_actor(&endpoint)?;
     let mut commands = endpoint.open_port(me.port(names::COMMAND_PORT))?;
     let mut replies = endpoint.open_port(me.port(names::REPLY_PORT))?;
-    let fabric = Arc::new(NetFabric::new(endpoint.clone(), me));
+    let fabric = Arc::new(NetFabric::new(endpoint.clone(), me).member_threads(member_threads));
     let pending = Arc::new(Pending::default());
     let dispatcher = {
         let pending = pending.clone();
@@ -554,6 +572,7 @@ where
         Some(endpoint.clone()),
         buffers,
         crate::registry::actor_type,
+        Entropy::from_seed(seed),
     );
     ready.await.map_err(ProcError::Ready)?;
     tracing::info!(proc = %endpoint.proc(), "proc ready");

@@ -1,7 +1,7 @@
 //! The procs a controller keeps alive (it renews their leases) and those it
 //! gave up on (zombies if they come back: they are told to exit).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::{Mutex, Weak};
 
 use regent_net::{Generation, ProcId};
@@ -17,8 +17,9 @@ const MAX_ABANDONED: usize = 1 << 16;
 
 #[derive(Default)]
 pub(super) struct Leases {
-    /// Procs whose lease the controller renews.
-    leased: Mutex<HashSet<ProcId>>,
+    /// Procs whose lease the controller renews (ordered: renewals go out
+    /// in a fixed order).
+    leased: Mutex<BTreeSet<ProcId>>,
     /// Procs given up on (dead, or unreachable: zombies if they come back).
     abandoned: Mutex<(HashSet<ProcId>, VecDeque<ProcId>)>,
 }

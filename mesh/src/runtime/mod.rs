@@ -23,7 +23,7 @@ mod procs;
 mod routing;
 mod supervise;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 
 use crate::alloc::{AllocatedProc, Allocator, Placement, ProcBoot};
 use crate::cast::Caster;
+use crate::entropy::Entropy;
 use crate::error::MeshError;
 use crate::fabric::{Fabric, NetFabric, Pending, proc_port};
 use crate::policy::MeshFailure;
@@ -54,16 +55,19 @@ struct Inner {
     caster: Arc<Caster>,
     next_mesh: AtomicU64,
     next_proc: AtomicU64,
+    /// Where cast tokens and the seeds of the controller's casts come from.
+    entropy: Arc<Entropy>,
     /// What the references of each live mesh share (its supervisor's
-    /// signals among them).
-    meshes: Mutex<HashMap<MeshId, Arc<mesh::MeshShared>>>,
+    /// signals among them). Ordered, as are the other maps here: signals to
+    /// every mesh go out in a fixed order.
+    meshes: Mutex<BTreeMap<MeshId, Arc<mesh::MeshShared>>>,
     /// Meshes owned by members of other meshes: by owner mesh, (owner rank,
     /// owned mesh).
-    owned: Mutex<HashMap<MeshId, Vec<(u32, MeshId)>>>,
+    owned: Mutex<BTreeMap<MeshId, Vec<(u32, MeshId)>>>,
     leases: leases::Leases,
     /// Allocators whose events are already being routed (by address), which
-    /// also see every transport event.
-    hooked: Mutex<HashMap<usize, Arc<dyn Allocator>>>,
+    /// also see every transport event, in the order they were hooked.
+    hooked: Mutex<Vec<(usize, Arc<dyn Allocator>)>>,
     /// A failure that escalated past every owner: the job has stopped.
     job: watch::Sender<Option<MeshFailure>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -102,13 +106,49 @@ impl Runtime {
     /// Starts a controller with a given cluster CA (e.g. loaded from files,
     /// to talk to host agents provisioned with it).
     pub async fn with_ca(config: RuntimeConfig, ca: ClusterCa) -> Result<Self, MeshError> {
+        let credentials = Self::credentials(&config, &ca)?;
+        let endpoint = Endpoint::bind(credentials, config.bind, config.endpoint.clone())?;
+        Self::on_endpoint(config, ca, endpoint, Entropy::os())
+    }
+
+    /// Starts a controller whose endpoint is bound at `config.bind` on a
+    /// simulated network (feature `sim`), with every random choice of its
+    /// own (cast tokens and seeds) drawn from the network's seed. Give it
+    /// an Ed25519 CA, so that datagram sizes replay (see `regent_net::sim`).
+    #[cfg(feature = "sim")]
+    pub fn start_sim(
+        config: RuntimeConfig,
+        ca: ClusterCa,
+        net: &regent_net::sim::SimNet,
+    ) -> Result<Self, MeshError> {
+        let credentials = Self::credentials(&config, &ca)?;
+        let endpoint = Endpoint::bind_sim(credentials, net, config.bind, config.endpoint.clone())?;
+        let entropy = Entropy::seeded(net.random_u64());
+        Self::on_endpoint(config, ca, endpoint, entropy)
+    }
+
+    /// The controller's credentials, issued by `ca` for `config.name`.
+    fn credentials(
+        config: &RuntimeConfig,
+        ca: &ClusterCa,
+    ) -> Result<regent_net::ProcCredentials, MeshError> {
         let me = ProcId::new(&config.name)?;
-        let credentials = ca.issue(
+        Ok(ca.issue(
             &me,
             regent_net::Role::Controller,
             regent_net::Validity::job(),
-        )?;
-        let endpoint = Endpoint::bind(credentials, config.bind, config.endpoint.clone())?;
+        )?)
+    }
+
+    /// What every controller does once its endpoint is bound: open its
+    /// ports, start its caster and its routing and lease tasks.
+    fn on_endpoint(
+        config: RuntimeConfig,
+        ca: ClusterCa,
+        endpoint: Endpoint,
+        entropy: Entropy,
+    ) -> Result<Self, MeshError> {
+        let me = endpoint.proc().clone();
         let actor = ActorId {
             proc: me,
             name: ActorName::new(names::CONTROLLER)?,
@@ -121,7 +161,13 @@ impl Runtime {
         let (job, _) = watch::channel(None);
         let fabric = Arc::new(NetFabric::new(endpoint, actor.clone()));
         let pending = Arc::new(Pending::default());
-        let caster = Arc::new(Caster::start(fabric.clone(), pending.clone(), actor));
+        let entropy = Arc::new(entropy);
+        let caster = Arc::new(Caster::start(
+            fabric.clone(),
+            pending.clone(),
+            actor,
+            entropy.clone(),
+        ));
         let rt = Self {
             inner: Arc::new(Inner {
                 config,
@@ -131,10 +177,11 @@ impl Runtime {
                 caster,
                 next_mesh: AtomicU64::new(0),
                 next_proc: AtomicU64::new(0),
-                meshes: Mutex::new(HashMap::new()),
-                owned: Mutex::new(HashMap::new()),
+                entropy,
+                meshes: Mutex::new(BTreeMap::new()),
+                owned: Mutex::new(BTreeMap::new()),
                 leases: leases::Leases::default(),
-                hooked: Mutex::new(HashMap::new()),
+                hooked: Mutex::new(Vec::new()),
                 job,
                 tasks: Mutex::new(Vec::new()),
             }),
@@ -283,15 +330,12 @@ impl Runtime {
     /// Routes an allocator's proc events to the meshes, once per allocator.
     fn hook_allocator(&self, allocator: &Arc<dyn Allocator>) {
         let key = Arc::as_ptr(allocator) as *const () as usize;
-        let first = self
-            .inner
-            .hooked
-            .lock()
-            .expect("hooked lock")
-            .insert(key, allocator.clone())
-            .is_none();
-        if !first {
-            return;
+        {
+            let mut hooked = self.inner.hooked.lock().expect("hooked lock");
+            if hooked.iter().any(|(k, _)| *k == key) {
+                return;
+            }
+            hooked.push((key, allocator.clone()));
         }
         if let Some(events) = allocator.take_events() {
             let task = tokio::spawn(routing::route_proc_events(
@@ -539,6 +583,11 @@ impl Runtime {
         MeshId(self.inner.next_mesh.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// A fresh capability for a mesh.
+    pub(crate) fn cast_token(&self) -> crate::protocol::CastToken {
+        crate::protocol::CastToken::drawn(&self.inner.entropy)
+    }
+
     pub(crate) fn reply_port(&self) -> regent_net::PortId {
         self.inner.fabric.reply_port()
     }
@@ -588,6 +637,8 @@ impl Runtime {
                 return Err(lost());
             }
             tokio::select! {
+                // The answer first: one that came with news of a loss counts.
+                biased;
                 r = &mut answer => {
                     return match r {
                         Ok(Ok(body)) => Ok(body),

@@ -20,7 +20,7 @@ use super::{MeshError, Runtime};
 use crate::actor::MeshActor;
 use crate::actor_mesh::ActorMesh;
 use crate::alloc::{AllocatedProc, Allocator, Placement};
-use crate::protocol::{CastToken, MeshInfo, ProcCommand, ReplyBody, Restart, encode};
+use crate::protocol::{MeshInfo, ProcCommand, ReplyBody, Restart, encode};
 use crate::shape::Shape;
 
 /// The name of the dimension an [`ActorMesh`] adds to its proc mesh's shape
@@ -274,7 +274,7 @@ pub(super) async fn spawn_mesh(
         fanout: rt.config().fanout,
         owner: rt.event_port(),
         generation: Generation(0),
-        token: CastToken::random(),
+        token: rt.cast_token(),
     };
     info.validate().map_err(MeshError::Encode)?;
     let spawns = on

@@ -129,8 +129,8 @@ pub(super) async fn route_transport_events(
             .hooked
             .lock()
             .expect("hooked lock")
-            .values()
-            .cloned()
+            .iter()
+            .map(|(_, a)| a.clone())
             .collect();
         for a in allocators {
             a.transport_event(&event);

@@ -10,7 +10,7 @@
 //! The supervisor is itself supervised: if its task panics, the mesh is
 //! stopped and the failure escalates like any other.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -199,6 +199,12 @@ async fn watch_supervisor(
     escalate(&rt, owner, failure);
 }
 
+/// The time the policy machine counts restarts and backoff in: tokio's
+/// clock (simulated under a paused runtime), as a std `Instant`.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 /// Passes a failure to the owner's mesh (as a failure of the owning
 /// member), or stops the job at the root.
 fn escalate(rt: &Runtime, owner: Option<(MeshId, Rank)>, failure: MeshFailure) {
@@ -353,7 +359,7 @@ impl Supervisor {
         generation: Generation,
         actions: &mut Vec<MeshAction>,
     ) {
-        let now = Instant::now();
+        let now = now();
         let procs: Vec<ProcId> = self
             .shared
             .info()
@@ -417,7 +423,7 @@ impl Supervisor {
             lost,
             decision,
         };
-        self.machine.handle(Instant::now(), event)
+        self.machine.handle(now(), event)
     }
 
     /// Tells every live proc of the mesh (and the owning member's proc)
@@ -650,8 +656,9 @@ impl Supervisor {
         &self,
         info: &mut MeshInfo,
         replace: &[u32],
-    ) -> Result<HashSet<u32>, MeshError> {
-        let mut fresh = HashSet::new();
+    ) -> Result<BTreeSet<u32>, MeshError> {
+        // Ordered: the fresh procs' spawns go out in rank order.
+        let mut fresh = BTreeSet::new();
         for &p in replace {
             let Some(dead) = info.procs.get(p as usize).map(|a| a.proc.clone()) else {
                 continue;
