@@ -10,7 +10,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use regent_mesh::alloc::{Allocator, ProcSignal};
 use regent_mesh::{ActorMesh, Rank, Selection};
@@ -253,26 +255,9 @@ impl Injector {
                 inj.procs.push(p);
             }
             Fault::Panic { rank } => {
-                let shape = self.mesh.mesh_shape();
-                let Some(point) = shape.point_of(Rank(*rank)) else {
+                if !panic_member(&self.mesh, *rank) {
                     return inj;
-                };
-                let text: Vec<String> = point
-                    .names()
-                    .iter()
-                    .zip(point.coords())
-                    .map(|(n, c)| format!("{}={c}", n.as_str()))
-                    .collect();
-                let Ok(selection) = text.join(",").parse::<Selection>() else {
-                    return inj;
-                };
-                // The member fails, so this call fails: that is the point.
-                let mesh = self.mesh.clone();
-                tokio::spawn(async move {
-                    let _ = mesh
-                        .call_within(&selection, &TallyMsg::Panic, Duration::from_secs(5))
-                        .await;
-                });
+                }
                 inj.ranks.push(*rank);
             }
             Fault::Blackhole { proc } => {
@@ -378,32 +363,91 @@ impl Injector {
     pub async fn play(
         &mut self,
         faults: &[ScheduledFault],
-        mut on_start: impl FnMut(&ScheduledFault, &Injection),
+        on_start: impl FnMut(&ScheduledFault, &Injection),
     ) {
-        let t0 = tokio::time::Instant::now();
-        // (time, order, start?, index)
-        let mut events: Vec<(Duration, u8, usize)> = Vec::new();
-        for (i, f) in faults.iter().enumerate() {
-            events.push((f.at, 1, i));
-            if let Some(d) = f.lasts {
-                events.push((f.at + d, 0, i));
-            }
-        }
-        // Ends before starts at the same instant.
-        events.sort_by_key(|(t, kind, i)| (*t, *kind, *i));
-        let mut ids: HashMap<usize, u64> = HashMap::new();
-        for (t, kind, i) in events {
-            tokio::time::sleep_until(t0 + t).await;
-            if kind == 1 {
-                let inj = self.start(&faults[i].fault).await;
-                on_start(&faults[i], &inj);
-                if inj.applied {
-                    ids.insert(i, inj.id);
-                }
-            } else if let Some(id) = ids.remove(&i) {
-                self.end(id).await;
-            }
-        }
-        self.heal_all().await;
+        play(self, faults, on_start).await;
     }
+}
+
+impl FaultPlane for Injector {
+    async fn start(&mut self, fault: &Fault) -> Injection {
+        Injector::start(self, fault).await
+    }
+
+    async fn end(&mut self, id: u64) {
+        Injector::end(self, id).await;
+    }
+
+    async fn heal_all(&mut self) {
+        Injector::heal_all(self).await;
+    }
+}
+
+/// What faults are played on: real procs behind proxies ([`Injector`]), or
+/// a simulation (`crate::sim`).
+pub(crate) trait FaultPlane {
+    /// Starts a fault.
+    async fn start(&mut self, fault: &Fault) -> Injection;
+    /// Ends the lasting fault started as `id`.
+    async fn end(&mut self, id: u64);
+    /// Ends every fault in force.
+    async fn heal_all(&mut self);
+}
+
+/// Makes the member at `rank` panic (its call fails: that is the point);
+/// false if the mesh has no such rank.
+pub(crate) fn panic_member(mesh: &ActorMesh<Tally>, rank: u32) -> bool {
+    let shape = mesh.mesh_shape();
+    let Some(point) = shape.point_of(Rank(rank)) else {
+        return false;
+    };
+    let text: Vec<String> = point
+        .names()
+        .iter()
+        .zip(point.coords())
+        .map(|(n, c)| format!("{}={c}", n.as_str()))
+        .collect();
+    let Ok(selection) = text.join(",").parse::<Selection>() else {
+        return false;
+    };
+    let mesh = mesh.clone();
+    tokio::spawn(async move {
+        let _ = mesh
+            .call_within(&selection, &TallyMsg::Panic, Duration::from_secs(5))
+            .await;
+    });
+    true
+}
+
+/// Plays a schedule on `plane` (see [`Injector::play`]).
+pub(crate) async fn play<P: FaultPlane>(
+    plane: &mut P,
+    faults: &[ScheduledFault],
+    mut on_start: impl FnMut(&ScheduledFault, &Injection),
+) {
+    let t0 = tokio::time::Instant::now();
+    // (time, order, start?, index)
+    let mut events: Vec<(Duration, u8, usize)> = Vec::new();
+    for (i, f) in faults.iter().enumerate() {
+        events.push((f.at, 1, i));
+        if let Some(d) = f.lasts {
+            events.push((f.at + d, 0, i));
+        }
+    }
+    // Ends before starts at the same instant.
+    events.sort_by_key(|(t, kind, i)| (*t, *kind, *i));
+    let mut ids: HashMap<usize, u64> = HashMap::new();
+    for (t, kind, i) in events {
+        tokio::time::sleep_until(t0 + t).await;
+        if kind == 1 {
+            let inj = plane.start(&faults[i].fault).await;
+            on_start(&faults[i], &inj);
+            if inj.applied {
+                ids.insert(i, inj.id);
+            }
+        } else if let Some(id) = ids.remove(&i) {
+            plane.end(id).await;
+        }
+    }
+    plane.heal_all().await;
 }

@@ -33,6 +33,8 @@ pub mod proxy;
 pub mod rng;
 pub mod scenario;
 pub mod schedule;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod workload;
 
 pub use alloc::{ChaosAllocator, ProcRecord};

@@ -18,7 +18,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -475,25 +477,25 @@ impl fmt::Display for Report {
 
 /// What the observers saw, shared with their tasks.
 #[derive(Default)]
-struct Observed {
-    failures: Vec<(Instant, Vec<u32>)>,
-    failures_missed: bool,
-    generations: Vec<(Instant, u64)>,
-    expected: Vec<Expected>,
-    detection: Vec<Duration>,
+pub(crate) struct Observed {
+    pub(crate) failures: Vec<(Instant, Vec<u32>)>,
+    pub(crate) failures_missed: bool,
+    pub(crate) generations: Vec<(Instant, u64)>,
+    pub(crate) expected: Vec<Expected>,
+    pub(crate) detection: Vec<Duration>,
     /// Detected faults waiting for the mesh to run in a generation newer
     /// than their failure's: when, the failure's generation, the kind.
-    awaiting: Vec<(Instant, u64, FaultKind)>,
-    recovery: Vec<Duration>,
-    detected: BTreeMap<FaultKind, u64>,
-    recovered: BTreeMap<FaultKind, u64>,
+    pub(crate) awaiting: Vec<(Instant, u64, FaultKind)>,
+    pub(crate) recovery: Vec<Duration>,
+    pub(crate) detected: BTreeMap<FaultKind, u64>,
+    pub(crate) recovered: BTreeMap<FaultKind, u64>,
     /// Failures no expected fault matched yet: a kill's exit report can
     /// arrive before the injector has recorded the kill.
-    unmatched: Vec<SeenFailure>,
+    pub(crate) unmatched: Vec<SeenFailure>,
 }
 
 /// A failure the watcher saw.
-struct SeenFailure {
+pub(crate) struct SeenFailure {
     at: Instant,
     proc: Option<ProcId>,
     ranks: Vec<u32>,
@@ -520,7 +522,7 @@ impl Observed {
 
     /// Records an injected fault: matched at once to a failure seen before
     /// the injector recorded it, or kept for the failures to come.
-    fn expect(&mut self, e: Expected) {
+    pub(crate) fn expect(&mut self, e: Expected) {
         match self.unmatched.iter().position(|f| e.matches(f)) {
             Some(i) => {
                 let f = self.unmatched.remove(i);
@@ -549,23 +551,23 @@ impl Observed {
 }
 
 /// A fault whose failure the owner should detect.
-struct Expected {
-    kind: FaultKind,
-    at: Instant,
-    procs: Vec<ProcId>,
-    ranks: Vec<u32>,
-    until: Option<Instant>,
+pub(crate) struct Expected {
+    pub(crate) kind: FaultKind,
+    pub(crate) at: Instant,
+    pub(crate) procs: Vec<ProcId>,
+    pub(crate) ranks: Vec<u32>,
+    pub(crate) until: Option<Instant>,
 }
 
 /// What the workload recorded this round.
 #[derive(Default)]
-struct Ledger {
-    sends: Vec<SendRecord>,
-    calls: Vec<CallRecord>,
-    replies: Vec<ReplySeen>,
+pub(crate) struct Ledger {
+    pub(crate) sends: Vec<SendRecord>,
+    pub(crate) calls: Vec<CallRecord>,
+    pub(crate) replies: Vec<ReplySeen>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Invariant: no code panics while holding these locks.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -580,7 +582,7 @@ fn failure_proc(f: &MeshFailure) -> Option<&ProcId> {
 }
 
 /// Watches the mesh's failures: records them and matches them to faults.
-async fn watch_failures(mesh: ActorMesh<Tally>, obs: Arc<Mutex<Observed>>) {
+pub(crate) async fn watch_failures(mesh: ActorMesh<Tally>, obs: Arc<Mutex<Observed>>) {
     let mut rx = mesh.failures();
     loop {
         match rx.recv().await {
@@ -602,7 +604,7 @@ async fn watch_failures(mesh: ActorMesh<Tally>, obs: Arc<Mutex<Observed>>) {
 }
 
 /// Samples the generation every 10 ms: for monotonicity and recoveries.
-async fn sample_generations(mesh: ActorMesh<Tally>, obs: Arc<Mutex<Observed>>) {
+pub(crate) async fn sample_generations(mesh: ActorMesh<Tally>, obs: Arc<Mutex<Observed>>) {
     loop {
         let g = mesh.generation().0;
         let running = mesh.status() == MeshStatus::Running;
@@ -669,7 +671,7 @@ fn cast_returned(
 /// Each cast is polled once as soon as it is made, so that it has started
 /// (and taken its place in the sender's order) before the next is made:
 /// casts leave in the order of their numbers.
-async fn caster(
+pub(crate) async fn caster(
     mesh: ActorMesh<Tally>,
     seq: Arc<AtomicU64>,
     ledger: Arc<Mutex<Ledger>>,
@@ -687,7 +689,9 @@ async fn caster(
             return;
         }
         let may_start = !stopping && window.len() < room;
+        // Biased (a fixed order), so a simulated run replays.
         tokio::select! {
+            biased;
             () = tokio::time::sleep_until(next), if may_start => {
                 let n = seq.fetch_add(1, Ordering::Relaxed);
                 let g0 = mesh.generation().0;
@@ -713,7 +717,7 @@ async fn caster(
 
 /// Calls every member with numbered records until told to stop, timing
 /// each call.
-async fn caller(
+pub(crate) async fn caller(
     mesh: ActorMesh<Tally>,
     seq: Arc<AtomicU64>,
     ledger: Arc<Mutex<Ledger>>,
@@ -794,6 +798,7 @@ async fn caller(
             return;
         }
         tokio::select! {
+            biased;
             () = tokio::time::sleep(config.call_interval) => {}
             _ = stop.changed() => {}
         }
@@ -802,7 +807,11 @@ async fn caller(
 
 /// Waits until the mesh runs, every member answers, and no restart happens
 /// for `quiet`; or until it is done (stopped by its policy).
-async fn settle(mesh: &ActorMesh<Tally>, timeout: Duration, quiet: Duration) -> Result<(), String> {
+pub(crate) async fn settle(
+    mesh: &ActorMesh<Tally>,
+    timeout: Duration,
+    quiet: Duration,
+) -> Result<(), String> {
     let end = Instant::now() + timeout;
     let mut last = String::new();
     while Instant::now() < end {
@@ -843,7 +852,7 @@ async fn settle(mesh: &ActorMesh<Tally>, timeout: Duration, quiet: Duration) -> 
 }
 
 /// Asks every live member what it received since `from`.
-async fn reports(mesh: &ActorMesh<Tally>, from: u64) -> Result<Vec<LifeReport>, String> {
+pub(crate) async fn reports(mesh: &ActorMesh<Tally>, from: u64) -> Result<Vec<LifeReport>, String> {
     let mut last = String::new();
     for _ in 0..5 {
         match mesh
@@ -872,7 +881,7 @@ async fn reports(mesh: &ActorMesh<Tally>, from: u64) -> Result<Vec<LifeReport>, 
     Err(format!("members did not report what they received: {last}"))
 }
 
-async fn census(mesh: &ActorMesh<Tally>) -> Result<BTreeMap<u32, Life>, ChaosError> {
+pub(crate) async fn census(mesh: &ActorMesh<Tally>) -> Result<BTreeMap<u32, Life>, ChaosError> {
     let vm = mesh
         .call_within(&Selection::All, &TallyMsg::Probe, Duration::from_secs(30))
         .await?;
@@ -888,7 +897,7 @@ async fn census(mesh: &ActorMesh<Tally>) -> Result<BTreeMap<u32, Life>, ChaosErr
 
 /// Notes on the invariants that read the members' logs (delivery and
 /// order) that a round's logs were not read, and why.
-fn not_checked(all: &mut [InvariantResult], why: &str) {
+pub(crate) fn not_checked(all: &mut [InvariantResult], why: &str) {
     for i in all.iter_mut() {
         if [names::NO_ACKED_LOSS, names::EXACTLY_ONCE, names::FIFO].contains(&i.name) {
             i.not_checked(why.to_owned());
@@ -896,7 +905,7 @@ fn not_checked(all: &mut [InvariantResult], why: &str) {
     }
 }
 
-fn merge_into(all: &mut Vec<InvariantResult>, r: &InvariantResult) {
+pub(crate) fn merge_into(all: &mut Vec<InvariantResult>, r: &InvariantResult) {
     match all.iter_mut().find(|i| i.name == r.name) {
         Some(i) => i.merge(r),
         None => all.push(r.clone()),

@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 use regent_mesh::{ActorError, Member, MeshActor};
 use serde::{Deserialize, Serialize};
 
+/// How the message of a panic that [`TallyMsg::Panic`] asked for starts.
+pub const INJECTED_PANIC: &str = "chaos: injected panic";
 /// Ranges a life keeps at most; past it, new numbers outside them are
 /// counted but not kept (the report says so).
 pub const MAX_RANGES: usize = 1 << 16;
@@ -267,9 +269,27 @@ impl SeqLog {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TallyArgs {}
 
-fn nonce() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one((std::time::Instant::now(), std::process::id()))
+/// A number for a life that no other life of the run has: its proc, rank
+/// and generation, this process and a count of the lives it started,
+/// hashed (FNV-1a). Its top bit is always set, so its encoding (a varint)
+/// always has one length: in a simulated run, where every proc is a task of
+/// one process and the count goes on from run to run, datagram sizes then
+/// replay.
+fn nonce(member: &Member) -> u64 {
+    static LIVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = LIVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(member.proc().as_str().as_bytes());
+    eat(&member.rank().0.to_le_bytes());
+    eat(&member.generation().0.to_le_bytes());
+    eat(&std::process::id().to_le_bytes());
+    eat(&n.to_le_bytes());
+    h | 1 << 63
 }
 
 impl MeshActor for Tally {
@@ -283,7 +303,7 @@ impl MeshActor for Tally {
             life: Life {
                 rank: member.rank().0,
                 born: member.generation().0,
-                nonce: nonce(),
+                nonce: nonce(member),
                 pid: std::process::id(),
             },
             log: SeqLog::default(),
@@ -330,7 +350,7 @@ impl MeshActor for Tally {
 }
 
 fn panic_hook(rank: u32) -> Result<TallyReply, ActorError> {
-    panic!("chaos: injected panic in rank {rank}");
+    panic!("{INJECTED_PANIC} in rank {rank}");
 }
 
 regent_mesh::register_actor!(Tally);

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod bench;
 mod chaos;
 mod demo;
+mod sim;
 mod train;
 
 use bench::{BenchOptions, Report};
@@ -72,6 +73,34 @@ enum Command {
     Chaos {
         #[command(subcommand)]
         command: ChaosCommand,
+    },
+    /// Deterministic simulation: the chaos scenario (the real controller
+    /// runtime, procs, cast trees and sessions on a simulated network and
+    /// clock) for many seeds, every invariant checked on each; a failing
+    /// seed prints how to replay it. Exits non-zero on any violation.
+    Sim {
+        /// How many seeds, from `--from`.
+        #[arg(long, default_value_t = 100)]
+        seeds: u64,
+        /// The first seed.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Run just this seed (the same as `--from S --seeds 1`).
+        #[arg(long, conflicts_with_all = ["seeds", "from"])]
+        seed: Option<u64>,
+        /// Print each seed's history (timeline, failures, generations,
+        /// verdicts, with simulated times) and hash.
+        #[arg(long)]
+        trace: bool,
+        /// Worker threads (default: one per core).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Procs in the mesh.
+        #[arg(long, default_value_t = 3)]
+        procs: u32,
+        /// Members per proc.
+        #[arg(long, default_value_t = 2)]
+        per_proc: u32,
     },
     /// Make the cluster CA and issue credentials from it.
     Ca {
@@ -237,6 +266,30 @@ fn main() -> anyhow::Result<()> {
         Command::Train(opts) => {
             if !rt.block_on(train::train(opts))? {
                 anyhow::bail!("the final weights differ from the fault-free reference");
+            }
+            Ok(())
+        }
+        Command::Sim {
+            seeds,
+            from,
+            seed,
+            trace,
+            jobs,
+            procs,
+            per_proc,
+        } => {
+            let opts = sim::SimOptions {
+                from: seed.unwrap_or(from),
+                seeds: if seed.is_some() { 1 } else { seeds },
+                jobs: jobs.unwrap_or_else(sim::default_jobs),
+                trace,
+                procs,
+                per_proc,
+            };
+            let summary = sim::run(&opts)?;
+            println!("{summary}");
+            if !summary.failed.is_empty() {
+                anyhow::bail!("{} seed(s) violated an invariant", summary.failed.len());
             }
             Ok(())
         }
