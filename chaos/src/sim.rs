@@ -21,6 +21,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use regent_mesh::bugs::{PlantedBug, plant};
 use regent_mesh::simnet::{SimAllocator, SimCluster, simulate};
 use regent_mesh::{ActorMesh, MeshPolicy, RuntimeConfig, SpawnOptions};
 use regent_net::ProcId;
@@ -65,6 +66,9 @@ pub struct SimConfig {
     /// Allowance over a call's deadline. Default 0.5 s: simulated time has
     /// no scheduling noise, only what the timers and the network add.
     pub call_slack: Duration,
+    /// Known bugs planted in the runtime for the run (to check the
+    /// checkers). Default none.
+    pub bugs: Vec<PlantedBug>,
 }
 
 impl Default for SimConfig {
@@ -88,6 +92,7 @@ impl Default for SimConfig {
             settle_timeout: Duration::from_secs(40),
             quiet: Duration::from_millis(2500),
             call_slack: Duration::from_millis(500),
+            bugs: Vec::new(),
         }
     }
 }
@@ -145,6 +150,8 @@ impl SimOutcome {
 /// Runs the scenario for `seed` on a fresh simulated runtime: see the
 /// module documentation.
 pub fn run_seed(seed: u64, config: &SimConfig) -> SimOutcome {
+    // Every task of the run runs on this thread.
+    let _planted = plant(&config.bugs);
     simulate(|| run(seed, config))
 }
 

@@ -34,6 +34,7 @@ pub mod actor_mesh;
 pub mod alloc;
 pub mod boot;
 mod bootstrap;
+pub mod bugs;
 mod cast;
 mod entropy;
 pub mod error;

@@ -101,6 +101,10 @@ enum Command {
         /// Members per proc.
         #[arg(long, default_value_t = 2)]
         per_proc: u32,
+        /// Plant a known bug in the runtime (duplicate-delivery,
+        /// no-fencing, drop-member-exit), to see the checkers catch it.
+        #[arg(long)]
+        plant: Vec<regent_mesh::bugs::PlantedBug>,
     },
     /// Make the cluster CA and issue credentials from it.
     Ca {
@@ -277,8 +281,10 @@ fn main() -> anyhow::Result<()> {
             jobs,
             procs,
             per_proc,
+            plant,
         } => {
             let opts = sim::SimOptions {
+                plant,
                 from: seed.unwrap_or(from),
                 seeds: if seed.is_some() { 1 } else { seeds },
                 jobs: jobs.unwrap_or_else(sim::default_jobs),

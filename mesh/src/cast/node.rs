@@ -210,6 +210,9 @@ fn deliver(
     } else {
         (None, None)
     };
+    if crate::bugs::planted(crate::bugs::PlantedBug::DuplicateDelivery) {
+        let _ = member.send_message(MemberMsg::user(frame.payload.clone(), None));
+    }
     match member.send_message(MemberMsg::user(frame.payload.clone(), reply)) {
         Ok(()) => match rx {
             None => d.acc.ok += 1,

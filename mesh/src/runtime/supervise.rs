@@ -591,6 +591,13 @@ impl Supervisor {
     fn failure_of(&mut self, signal: Signal) -> Option<(MeshFailure, Vec<(u32, ProcId)>)> {
         let info = self.shared.info();
         match signal {
+            Signal::Member(e)
+                if e.mesh == info.id
+                    && crate::bugs::planted(crate::bugs::PlantedBug::DropMemberExit) =>
+            {
+                let _ = e;
+                None
+            }
             Signal::Member(e) if e.mesh == info.id => Some((
                 MeshFailure {
                     mesh: info.name.clone(),
