@@ -1,7 +1,7 @@
 //! Known bugs that a simulation can plant, to show that its checkers catch
 //! them (issue 15: "the checker is checked"). Only with the `sim` feature
 //! can one be planted, and only on the thread of one simulated run (every
-//! task of a simulation runs on it); elsewhere [`planted`] is always false.
+//! task of a simulation runs on it); elsewhere `planted` is always false.
 
 /// A bug the simulation can plant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
