@@ -72,8 +72,24 @@ pub struct Life {
     pub born: u64,
     /// Random, drawn at its start.
     pub nonce: u64,
-    /// Its OS process.
+    /// Its OS process. Encoded in four bytes whatever its value, so that a
+    /// simulated run replays in another process (whose pid may need another
+    /// varint length).
+    #[serde(with = "fixed_u32")]
     pub pid: u32,
+}
+
+/// A `u32` as four little-endian bytes on the wire.
+mod fixed_u32 {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
+        v.to_le_bytes().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        <[u8; 4]>::deserialize(d).map(u32::from_le_bytes)
+    }
 }
 
 /// What a [`Tally`] member is told.
