@@ -384,7 +384,7 @@ impl FaultPlane for Injector {
 }
 
 /// What faults are played on: real procs behind proxies ([`Injector`]), or
-/// a simulation (`crate::sim`).
+/// a simulated cluster (the `sim` module).
 pub(crate) trait FaultPlane {
     /// Starts a fault.
     async fn start(&mut self, fault: &Fault) -> Injection;
