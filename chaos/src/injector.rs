@@ -186,7 +186,7 @@ impl Injector {
     }
 
     fn proc_at(&self, rank: u32) -> Option<ProcId> {
-        self.mesh.procs().get(rank as usize).map(|a| a.proc.clone())
+        proc_at(&self.mesh, rank)
     }
 
     fn node(&self, target: Target) -> Option<NodeId> {
@@ -276,20 +276,7 @@ impl Injector {
                 if na.is_empty() || nb.is_empty() {
                     return inj;
                 }
-                // The procs cut from the controller are the ones whose
-                // failure the controller may detect.
-                let cut_off = if a.contains(&Target::Controller) {
-                    b
-                } else {
-                    a
-                };
-                for t in cut_off {
-                    if let Target::Proc(r) = t
-                        && let Some(p) = self.proc_at(*r)
-                    {
-                        inj.procs.push(p);
-                    }
-                }
+                inj.procs = cut_off_procs(a, b, |r| self.proc_at(r));
                 let d = if *one_way {
                     Direction::OneWay
                 } else {
@@ -392,6 +379,32 @@ pub(crate) trait FaultPlane {
     async fn end(&mut self, id: u64);
     /// Ends every fault in force.
     async fn heal_all(&mut self);
+}
+
+/// The proc at proc rank `rank` of `mesh`, if it has one.
+pub(crate) fn proc_at(mesh: &ActorMesh<Tally>, rank: u32) -> Option<ProcId> {
+    mesh.procs().get(rank as usize).map(|a| a.proc.clone())
+}
+
+/// The procs a partition between `a` and `b` cuts from the controller (the
+/// side without it): the ones whose failure the controller may detect.
+pub(crate) fn cut_off_procs(
+    a: &[Target],
+    b: &[Target],
+    proc_at: impl Fn(u32) -> Option<ProcId>,
+) -> Vec<ProcId> {
+    let cut_off = if a.contains(&Target::Controller) {
+        b
+    } else {
+        a
+    };
+    cut_off
+        .iter()
+        .filter_map(|t| match t {
+            Target::Proc(r) => proc_at(*r),
+            Target::Controller => None,
+        })
+        .collect()
 }
 
 /// Makes the member at `rank` panic (its call fails: that is the point);

@@ -559,6 +559,21 @@ pub(crate) struct Expected {
     pub(crate) until: Option<Instant>,
 }
 
+/// Notes a fault that started as one whose failure the owner should
+/// detect: applied, and aimed at procs or ranks (degraded links are not).
+pub(crate) fn expect_effect(obs: &Mutex<Observed>, sf: &ScheduledFault, inj: &Injection) {
+    if !inj.applied || (inj.procs.is_empty() && inj.ranks.is_empty()) {
+        return;
+    }
+    lock(obs).expect(Expected {
+        kind: sf.fault.kind(),
+        at: inj.at,
+        procs: inj.procs.clone(),
+        ranks: inj.ranks.clone(),
+        until: sf.lasts.map(|d| inj.at + d + Duration::from_secs(3)),
+    });
+}
+
 /// What the workload recorded this round.
 #[derive(Default)]
 pub(crate) struct Ledger {
@@ -981,23 +996,9 @@ pub async fn run(
             )),
         ];
         let t0 = tokio::time::Instant::now();
-        {
-            let obs = obs.clone();
-            injector
-                .play(&schedule.faults, |sf, inj: &Injection| {
-                    if !inj.applied || (inj.procs.is_empty() && inj.ranks.is_empty()) {
-                        return;
-                    }
-                    lock(&obs).expect(Expected {
-                        kind: sf.fault.kind(),
-                        at: inj.at,
-                        procs: inj.procs.clone(),
-                        ranks: inj.ranks.clone(),
-                        until: sf.lasts.map(|d| inj.at + d + Duration::from_secs(3)),
-                    });
-                })
-                .await;
-        }
+        injector
+            .play(&schedule.faults, |sf, inj| expect_effect(&obs, sf, inj))
+            .await;
         tokio::time::sleep_until(t0 + scenario.schedule.duration.max(schedule.end())).await;
         injector.heal_all().await;
         let _ = stop_tx.send(true);

@@ -29,12 +29,12 @@ use regent_net::sim::{LinkFaults as SimLinkFaults, SimNet};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::injector::{FaultPlane, Injection, panic_member, play};
+use crate::injector::{FaultPlane, Injection, cut_off_procs, panic_member, play, proc_at};
 use crate::invariant::{self, InvariantResult, OrderProgress, SupervisionLog, names};
 use crate::network::LinkFaults;
 use crate::rng::Seed;
 use crate::scenario::{
-    Expected, Ledger, Observed, WorkloadConfig, caller, caster, census, lock, merge_into,
+    Ledger, Observed, WorkloadConfig, caller, caster, census, expect_effect, lock, merge_into,
     not_checked, reports, sample_generations, settle, watch_failures,
 };
 use crate::schedule::{Fault, FaultKind, FaultMix, Schedule, ScheduleConfig, Target};
@@ -291,17 +291,8 @@ async fn play_round(
     ];
     let t0 = Instant::now();
     let mut plane = SimPlane::new(cluster, mesh.clone());
-    play(&mut plane, &schedule.faults, |sf, inj: &Injection| {
-        if !inj.applied || (inj.procs.is_empty() && inj.ranks.is_empty()) {
-            return;
-        }
-        lock(&obs).expect(Expected {
-            kind: sf.fault.kind(),
-            at: inj.at,
-            procs: inj.procs.clone(),
-            ranks: inj.ranks.clone(),
-            until: sf.lasts.map(|d| inj.at + d + Duration::from_secs(3)),
-        });
+    play(&mut plane, &schedule.faults, |sf, inj| {
+        expect_effect(&obs, sf, inj);
     })
     .await;
     tokio::time::sleep_until(t0 + config.schedule.duration.max(schedule.end())).await;
@@ -429,7 +420,7 @@ impl SimPlane {
     }
 
     fn proc_at(&self, rank: u32) -> Option<ProcId> {
-        self.mesh.procs().get(rank as usize).map(|a| a.proc.clone())
+        proc_at(&self.mesh, rank)
     }
 
     fn addr(&self, target: Target) -> Option<SocketAddr> {
@@ -563,18 +554,7 @@ impl FaultPlane for SimPlane {
                 if na.is_empty() || nb.is_empty() {
                     return inj;
                 }
-                let cut_off = if a.contains(&Target::Controller) {
-                    b
-                } else {
-                    a
-                };
-                for t in cut_off {
-                    if let Target::Proc(r) = t
-                        && let Some(p) = self.proc_at(*r)
-                    {
-                        inj.procs.push(p);
-                    }
-                }
+                inj.procs = cut_off_procs(a, b, |r| self.proc_at(r));
                 let mut pairs = Vec::new();
                 for &x in &na {
                     for &y in &nb {
