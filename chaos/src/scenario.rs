@@ -668,10 +668,15 @@ fn cast_returned(
     ledger: &Mutex<Ledger>,
     (n, g0, r): (u64, u64, Result<regent_mesh::Delivered, MeshError>),
 ) -> bool {
-    let g1 = mesh.generation().0;
+    // A cast that returned says the generation it was sent in: fencing
+    // keeps it from every later life. Otherwise the latest the sender saw.
+    let g1 = match &r {
+        Ok(d) => d.generation().0,
+        Err(_) => mesh.generation().0,
+    };
     lock(ledger).sends.push(SendRecord {
         seq: n,
-        gen_lo: g0,
+        gen_lo: g0.min(g1),
         gen_hi: g1,
         call: false,
         acked: acked_of(&r),

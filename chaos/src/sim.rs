@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,7 +33,7 @@ use tokio::time::Instant;
 use crate::injector::{FaultPlane, Injection, cut_off_procs, panic_member, play, proc_at};
 use crate::invariant::{self, InvariantResult, OrderProgress, SupervisionLog, names};
 use crate::network::LinkFaults;
-use crate::rng::Seed;
+use crate::rng::{Seed, SimRng};
 use crate::scenario::{
     Ledger, Observed, WorkloadConfig, caller, caster, census, expect_effect, lock, merge_into,
     not_checked, reports, sample_generations, settle, watch_failures,
@@ -56,6 +57,11 @@ pub struct SimConfig {
     /// The workload. Default: a cast every 20 ms, 8 in flight; a call every
     /// 100 ms with a 4 s deadline.
     pub workload: WorkloadConfig,
+    /// The cast trees' fan-out. Default `None`: drawn from the seed among
+    /// 1 (a chain through every proc), 2 and 16 (the controller casts to
+    /// each proc), so that most seeds forward casts proc to proc and a
+    /// restart's update can overtake a cast on its way down.
+    pub fanout: Option<NonZeroU32>,
     /// The control plane's failure timeout. Default 1 s.
     pub failure_timeout: Duration,
     /// How long the mesh may take to run and answer again after healing.
@@ -84,10 +90,11 @@ impl Default for SimConfig {
                 .mix(FaultMix::default().with(FaultKind::Bandwidth, 0)),
             workload: WorkloadConfig {
                 cast_interval: Duration::from_millis(20),
-                casts_in_flight: std::num::NonZeroU32::new(8).unwrap_or(std::num::NonZeroU32::MIN),
+                casts_in_flight: NonZeroU32::new(8).unwrap_or(NonZeroU32::MIN),
                 call_interval: Duration::from_millis(100),
                 call_deadline: Duration::from_secs(4),
             },
+            fanout: None,
             failure_timeout: Duration::from_secs(1),
             settle_timeout: Duration::from_secs(40),
             quiet: Duration::from_millis(2500),
@@ -191,7 +198,15 @@ async fn run(seed: u64, config: &SimConfig) -> SimOutcome {
         simulated: Duration::ZERO,
         trace_events: 0,
     };
+    let fanout = config.fanout.unwrap_or_else(|| {
+        let mut rng = SimRng::new(Seed(seed).derive("fanout"));
+        let choices = [1, 2, 16];
+        NonZeroU32::new(choices[rng.below(choices.len() as u64) as usize])
+            .unwrap_or(NonZeroU32::MIN)
+    });
+    history.record(format_args!("cast fan-out {fanout}"));
     let runtime = RuntimeConfig::default()
+        .fanout(fanout)
         .endpoint(regent_net::EndpointConfig::default().failure_timeout(config.failure_timeout));
     let cluster = match SimCluster::start(seed, config.procs as usize, runtime).await {
         Ok(c) => c,

@@ -344,7 +344,7 @@ impl<A: MeshActor> ActorMesh<A> {
                 let (_, c, g) = self
                     .root(selection, msg, Collect::Ack, true, timeout)
                     .await?;
-                Ok((Delivered::from(c), g))
+                Ok((Delivered::from(c, g), g))
             },
             |d: &Delivered| d.failed().iter().any(|(_, e)| lost(e)),
         )

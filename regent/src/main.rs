@@ -105,6 +105,10 @@ enum Command {
         /// no-fencing, drop-member-exit), to see the checkers catch it.
         #[arg(long)]
         plant: Vec<regent_mesh::bugs::PlantedBug>,
+        /// Only these kinds of fault, comma-separated (e.g.
+        /// pause,actor-panic). Default: all that are simulated.
+        #[arg(long)]
+        faults: Option<String>,
     },
     /// Make the cluster CA and issue credentials from it.
     Ca {
@@ -282,9 +286,16 @@ fn main() -> anyhow::Result<()> {
             procs,
             per_proc,
             plant,
+            faults,
         } => {
+            let faults = faults
+                .as_deref()
+                .map(chaos::parse_faults)
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
             let opts = sim::SimOptions {
                 plant,
+                faults,
                 from: seed.unwrap_or(from),
                 seeds: if seed.is_some() { 1 } else { seeds },
                 jobs: jobs.unwrap_or_else(sim::default_jobs),

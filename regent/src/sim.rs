@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use regent_chaos::FaultKind;
 use regent_chaos::sim::{SimConfig, SimOutcome, run_seed};
+use regent_chaos::{FaultKind, FaultMix};
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -28,6 +28,8 @@ pub(crate) struct SimOptions {
     pub(crate) per_proc: u32,
     /// Known bugs to plant.
     pub(crate) plant: Vec<regent_mesh::bugs::PlantedBug>,
+    /// Only these kinds of fault (`None`: every simulated kind).
+    pub(crate) faults: Option<Vec<FaultKind>>,
 }
 
 /// What a run of seeds came to.
@@ -45,12 +47,15 @@ pub(crate) struct Summary {
 /// history as they end.
 pub(crate) fn run(opts: &SimOptions) -> anyhow::Result<Summary> {
     anyhow::ensure!(opts.seeds > 0, "no seeds to run");
-    let config = SimConfig {
+    let mut config = SimConfig {
         procs: opts.procs,
         per_proc: opts.per_proc,
         bugs: opts.plant.clone(),
         ..SimConfig::default()
     };
+    if let Some(kinds) = &opts.faults {
+        config.schedule = config.schedule.mix(FaultMix::only(kinds));
+    }
     let bar = indicatif::ProgressBar::new(opts.seeds);
     bar.set_style(
         indicatif::ProgressStyle::with_template(

@@ -194,14 +194,23 @@ fn failures(failed: Vec<(u32, MemberError)>) -> Vec<(Rank, MemberError)> {
 pub struct Delivered {
     delivered: u32,
     failed: Vec<(Rank, MemberError)>,
+    generation: regent_net::Generation,
 }
 
 impl Delivered {
-    pub(crate) fn from(c: Contribution) -> Self {
+    pub(crate) fn from(c: Contribution, generation: regent_net::Generation) -> Self {
         Self {
             delivered: c.ok,
             failed: failures(c.failed),
+            generation,
         }
+    }
+
+    /// The generation the cast was sent in (its last try's, when it was
+    /// retried in the next generation): fencing keeps it from every life
+    /// born in a later generation.
+    pub fn generation(&self) -> regent_net::Generation {
+        self.generation
     }
 
     /// How many members have the message.
