@@ -247,7 +247,7 @@ async fn pump(
         return;
     };
     while let Some(event) = upstream.recv().await {
-        if let ProcEvent::Exited { proc, status } = &event {
+        if let ProcEvent::Exited { proc, status, .. } = &event {
             let mut s = shared.lock();
             match s.by_proc.get(proc).copied() {
                 Some(i) => {

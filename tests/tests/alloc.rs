@@ -244,7 +244,9 @@ impl Events {
     /// The exit of `proc`.
     async fn exit_of(&mut self, proc: &ProcId, within: Duration) -> ProcStatus {
         self.find(within, |e| match e {
-            ProcEvent::Exited { proc: p, status } if p == proc => Some(*status),
+            ProcEvent::Exited {
+                proc: p, status, ..
+            } if p == proc => Some(*status),
             _ => None,
         })
         .await
