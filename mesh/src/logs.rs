@@ -443,7 +443,8 @@ impl LogRecord {
     /// The record of one line.
     pub fn of(line: LogLine) -> Self {
         if let Some((tag, rest)) = MemberTag::parse(&line.text) {
-            let text = rest.to_owned();
+            // tracing pads its level (" INFO"): the tag already separates.
+            let text = rest.trim_start().to_owned();
             return Self {
                 source: LogSource::Member {
                     mesh: tag.mesh,

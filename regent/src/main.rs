@@ -194,16 +194,29 @@ enum Suite {
 }
 
 fn main() -> anyhow::Result<()> {
-    // When a host agent started this binary as a proc or host agent, that
-    // role runs here and the process exits; the controller continues.
-    regent_mesh::bootstrap();
-    tracing_subscriber::fmt()
+    // Procs log too: their stderr is their host agent's pipe to the
+    // controller, each event on a member's thread tagged with the member
+    // (`[train r2 g3]`, read back by the controller's log sink).
+    // A proc's lines carry no time: the same event on several ranks folds
+    // into one line at the controller.
+    use std::io::IsTerminal as _;
+    let proc = std::env::var(regent_mesh::boot::ROLE_ENV)
+        .is_ok_and(|role| role == regent_mesh::boot::ROLE_PROC);
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(regent_mesh::logs::ProcStderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    if proc {
+        logs.without_time().init();
+    } else {
+        logs.init();
+    }
+    // When a host agent started this binary as a proc or host agent, that
+    // role runs here and the process exits; the controller continues.
+    regent_mesh::bootstrap();
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

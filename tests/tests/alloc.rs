@@ -241,6 +241,23 @@ impl Events {
         }
     }
 
+    /// The exit of `proc` and its last lines.
+    async fn exit_with_lines(
+        &mut self,
+        proc: &ProcId,
+        within: Duration,
+    ) -> (ProcStatus, Vec<regent_mesh::logs::LogLine>) {
+        self.find(within, |e| match e {
+            ProcEvent::Exited {
+                proc: p,
+                status,
+                last_lines,
+            } if p == proc => Some((*status, last_lines.clone())),
+            _ => None,
+        })
+        .await
+    }
+
     /// The exit of `proc`.
     async fn exit_of(&mut self, proc: &ProcId, within: Duration) -> ProcStatus {
         self.find(within, |e| match e {
@@ -633,11 +650,31 @@ async fn host_allocator_places_procs_on_two_host_agents() {
     .watch_transport_events()
     .expect("transport events");
     let mut events = Events::new(alloc.take_events().expect("events"));
+    let mut logs = alloc.take_logs().expect("logs");
 
     let procs = alloc
         .allocate(ctl.boots(&names("remote", 4)))
         .await
         .expect("allocate");
+    // Each proc's first line crossed the wire from its host agent.
+    let mut ready: Vec<String> = Vec::new();
+    while ready.len() < procs.len() {
+        let line = tokio::time::timeout(DEADLINE, logs.recv())
+            .await
+            .expect("a log line in time")
+            .expect("log stream open");
+        assert_eq!(
+            line.text,
+            format!("alloc_proc {} ready", line.proc),
+            "{line:?}"
+        );
+        assert_eq!(line.stream, regent_mesh::logs::LogStream::Stdout);
+        ready.push(line.proc.to_string());
+    }
+    ready.sort();
+    let mut want: Vec<String> = procs.iter().map(|p| p.proc.to_string()).collect();
+    want.sort();
+    assert_eq!(ready, want);
     let on = |host: &ProcAddr| {
         procs
             .iter()
@@ -662,12 +699,15 @@ async fn host_allocator_places_procs_on_two_host_agents() {
     );
     assert!(latency < EXIT_REPORT_BOUND, "reported after {latency:?}");
 
-    // Exit codes and signals through the host agent.
+    // Exit codes and signals through the host agent; the exit carries the
+    // proc's last lines, the partial one on stderr included.
     ctl.send(&procs[1], Exit { code: 3 }).await;
-    assert_eq!(
-        events.exit_of(&procs[1].proc, DEADLINE).await,
-        ProcStatus::Code(3)
-    );
+    let (status, last) = events.exit_with_lines(&procs[1].proc, DEADLINE).await;
+    assert_eq!(status, ProcStatus::Code(3));
+    let texts: Vec<&str> = last.iter().map(|l| l.text.as_str()).collect();
+    let exits = format!("alloc_proc {} exits", procs[1].proc);
+    assert!(texts.contains(&exits.as_str()), "{last:?}");
+    assert!(texts.contains(&"half a lin"), "{last:?}");
     alloc
         .signal(&procs[2].proc, ProcSignal::Kill)
         .await
