@@ -300,6 +300,10 @@ impl Allocator for ChaosAllocator {
         self.events.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
+    fn take_logs(&self) -> Option<mpsc::Receiver<regent_mesh::logs::LogLine>> {
+        self.inner.take_logs()
+    }
+
     fn transport_event(&self, event: &TransportEvent) {
         self.inner.transport_event(event);
     }

@@ -179,6 +179,10 @@ enum ChaosCommand {
         /// kill,pause,loss). Default: all.
         #[arg(long)]
         faults: Option<String>,
+        /// Procs' output: `fold` (prefixed, identical lines across ranks
+        /// once), `all`, `json` (one object a line) or `off`.
+        #[arg(long, default_value = "fold")]
+        logs: regent_mesh::logs::LogMode,
     },
 }
 
@@ -260,6 +264,7 @@ fn main() -> anyhow::Result<()> {
                     procs,
                     per_proc,
                     faults,
+                    logs,
                 },
         } => {
             let opts = chaos::SoakOptions {
@@ -271,6 +276,7 @@ fn main() -> anyhow::Result<()> {
                     .map(|f| chaos::parse_faults(&f))
                     .transpose()
                     .map_err(anyhow::Error::msg)?,
+                logs,
                 ..chaos::SoakOptions::default()
             };
             let report = rt.block_on(chaos::soak(opts))?;
