@@ -51,6 +51,8 @@ pub const MAX_TAIL_LINES: usize = 32;
 /// The most lines one wire batch ([`crate::host::wire::ProcLogs`]) carries.
 pub const MAX_LOG_BATCH: usize = 256;
 
+const DROPPED_SUFFIX: &str = " lines dropped (the controller was slow)";
+
 /// Which of a proc's streams a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum LogStream {
@@ -89,8 +91,19 @@ impl LogLine {
         Self {
             proc,
             stream,
-            text: format!("regent: {n} lines dropped (the controller was slow)"),
+            text: format!("regent: {n}{DROPPED_SUFFIX}"),
         }
+    }
+
+    /// How many lines this line stands for when it is dropped: `n` for a
+    /// [`Self::dropped`] line (so a count dropped further on is kept), 1
+    /// for any other.
+    pub fn weight(&self) -> u64 {
+        self.text
+            .strip_prefix("regent: ")
+            .and_then(|t| t.strip_suffix(DROPPED_SUFFIX))
+            .and_then(digits)
+            .unwrap_or(1)
     }
 }
 

@@ -292,8 +292,8 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         .as_ref()
         .is_some_and(|f| f.kinds.contains(&FaultKind::Partition));
     let mut chaos_cluster = None;
-    let runtime = JobCluster::runtime_config()
-        .logs(regent_mesh::logs::LogConfig::default().mode(opts.logs));
+    let runtime =
+        JobCluster::runtime_config().logs(regent_mesh::logs::LogConfig::default().mode(opts.logs));
     let cluster = if partitions {
         let c = regent_chaos::ClusterConfig {
             runtime: runtime.clone(),

@@ -724,7 +724,8 @@ impl Shared {
             LOGS => match delivery.decode::<ProcLogs>() {
                 Ok(m) => {
                     if m.dropped > 0 {
-                        tracing::warn!(%sender, dropped = m.dropped, "the host agent dropped log lines");
+                        tracing::debug!(%sender, dropped = m.dropped, "the host agent dropped log lines");
+                        self.tracker.count_dropped(m.dropped);
                     }
                     for line in m.lines {
                         self.tracker.on_log(Some(host), line);

@@ -97,14 +97,21 @@ impl Tracker {
         if dropped > 0 {
             let marker = LogLine::dropped(line.proc.clone(), line.stream, dropped);
             if self.logs.try_send(marker).is_err() {
-                self.logs_dropped.fetch_add(1, Ordering::Relaxed);
+                self.count_dropped(line.weight());
                 return;
             }
             self.logs_dropped.fetch_sub(dropped, Ordering::Relaxed);
         }
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.logs.try_send(line) {
-            self.logs_dropped.fetch_add(1, Ordering::Relaxed);
+        if let Err(mpsc::error::TrySendError::Full(line)) = self.logs.try_send(line) {
+            // A count of lines dropped upstream keeps its weight.
+            self.count_dropped(line.weight());
         }
+    }
+
+    /// `n` lines were dropped (here, or upstream): the next line handed on
+    /// is preceded by the count.
+    pub(crate) fn count_dropped(&self, n: u64) {
+        self.logs_dropped.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn take_events(&self) -> Option<mpsc::Receiver<ProcEvent>> {

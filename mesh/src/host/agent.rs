@@ -920,13 +920,14 @@ impl LogOut {
         if self.dropped > 0 {
             let marker = LogLine::dropped(self.proc.clone(), self.stream, self.dropped);
             if !self.hand_on(&inner, marker) {
-                self.dropped += 1;
+                self.dropped += line.weight();
                 return;
             }
             self.dropped = 0;
         }
+        let weight = line.weight();
         if !self.hand_on(&inner, line) {
-            self.dropped += 1;
+            self.dropped += weight;
         }
     }
 

@@ -195,3 +195,14 @@ fn the_tail_keeps_the_last_lines() {
     assert_eq!(lines[0].text, "3");
     assert_eq!(lines.last().unwrap().text, (MAX_TAIL_LINES + 2).to_string());
 }
+
+#[test]
+fn a_dropped_count_keeps_its_weight() {
+    let p = ProcId::new("p0-0").unwrap();
+    assert_eq!(
+        LogLine::dropped(p.clone(), LogStream::Stdout, 57).weight(),
+        57
+    );
+    assert_eq!(line("p0-0", "regent: 5 lines").weight(), 1);
+    assert_eq!(line("p0-0", "anything").weight(), 1);
+}

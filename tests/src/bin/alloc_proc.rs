@@ -4,7 +4,8 @@
 //!
 //! - `proc`: boots with [`regent_mesh::boot::start_proc`], opens the port
 //!   `ctl[0]#0`, reports ready, and serves: [`Ping`] is answered with
-//!   [`Pong`] (its proc and pid), [`Exit`] exits with a code (after
+//!   [`Pong`] (its proc and pid), [`Burst`] prints lines to stdout,
+//!   [`Exit`] exits with a code (after
 //!   `alloc_proc PROC exits` on stdout and `half a lin` without a newline
 //!   on stderr: the last lines its exit report carries), [`Panic`]
 //!   panics the main thread (exit code 101). With `--ignore-term` it
@@ -18,7 +19,7 @@
 
 use regent_mesh::boot::{self, Role};
 use regent_net::Generation;
-use regent_tests::peers::alloc::{Exit, Panic, Ping, Pong};
+use regent_tests::peers::alloc::{Burst, Exit, Panic, Ping, Pong};
 
 fn main() {
     regent_tests::peers::init_peer_tracing();
@@ -92,6 +93,14 @@ async fn serve_proc() -> Result<(), String> {
             {
                 eprintln!("alloc_proc {proc}: pong not sent: {}", e.failure);
             }
+        } else if tag == regent_net::TypeTag::of::<Burst>() {
+            let burst = delivery.decode::<Burst>().map_err(|e| e.to_string())?;
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            for i in 0..burst.lines {
+                writeln!(out, "{} {i}", burst.label).map_err(|e| e.to_string())?;
+            }
+            out.flush().map_err(|e| e.to_string())?;
         } else if tag == regent_net::TypeTag::of::<Exit>() {
             let exit = delivery.decode::<Exit>().map_err(|e| e.to_string())?;
             use std::io::Write as _;
