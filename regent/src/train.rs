@@ -346,7 +346,11 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
                 "loss {loss:.4}, {rate:.1} steps/s, generation {generation}, {faults} faults"
             ));
         }
-        JobEvent::Failure(_) => faults += 1,
+        JobEvent::Failure(what) => {
+            faults += 1;
+            // A dead proc's last lines come with it (`--logs` aside).
+            bar.println(format!("  {what}"));
+        }
         JobEvent::Recovered { step, how } => bar.println(format!("  step {step}: {how}")),
         JobEvent::Checkpoint { step, bytes } => bar.set_message(format!(
             "checkpoint at step {step} ({:.1} MB)",

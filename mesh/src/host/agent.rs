@@ -575,9 +575,7 @@ impl HostAgent {
         tracing::debug!(%proc, pid, program = %program.display(), %owner, "proc spawned");
         tokio::spawn(watch(
             child,
-            pid,
-            proc.clone(),
-            owner.clone(),
+            (pid, proc.clone(), owner.clone()),
             cmd_rx,
             Arc::downgrade(inner),
             inner.events.clone(),
@@ -778,9 +776,7 @@ fn send_signal(proc: &ProcId, pid: u32, signal: Signal) {
 /// reused pid.
 async fn watch(
     mut child: tokio::process::Child,
-    pid: u32,
-    proc: ProcId,
-    owner: ActorId,
+    (pid, proc, owner): (u32, ProcId, ActorId),
     mut cmds: mpsc::Receiver<Cmd>,
     inner: Weak<Inner>,
     events: mpsc::Sender<HostEvent>,
