@@ -48,7 +48,11 @@ use tokio::time::Instant;
 pub const MAX_LINE_BYTES: usize = 4096;
 /// How many of a proc's last lines come with its exit.
 pub const MAX_TAIL_LINES: usize = 32;
-/// The most lines one wire batch ([`crate::host::wire::ProcLogs`]) carries.
+/// How many bytes of a proc's last lines come with its exit (the failure
+/// travels to every survivor's proc and into escalations): the oldest
+/// lines go first, the last one always stays.
+pub const MAX_TAIL_BYTES: usize = 8 * 1024;
+/// The most lines one wire batch (the host wire's `ProcLogs`) carries.
 pub const MAX_LOG_BATCH: usize = 256;
 
 const DROPPED_SUFFIX: &str = " lines dropped (the controller was slow)";
@@ -124,9 +128,17 @@ fn bounded_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(text)
 }
 
-/// Decodes a proc's last lines: at most [`MAX_TAIL_LINES`].
+/// Decodes a proc's last lines: at most [`MAX_TAIL_LINES`], of at most
+/// [`MAX_TAIL_BYTES`] in all (or one line).
 pub(crate) fn bounded_tail<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<LogLine>, D::Error> {
-    bounded_lines(d, MAX_TAIL_LINES)
+    let lines = bounded_lines(d, MAX_TAIL_LINES)?;
+    let bytes: usize = lines.iter().map(|l| l.text.len()).sum();
+    if lines.len() > 1 && bytes > MAX_TAIL_BYTES {
+        return Err(D::Error::custom(format!(
+            "last lines of {bytes} bytes (at most {MAX_TAIL_BYTES})"
+        )));
+    }
+    Ok(lines)
 }
 
 /// Decodes a batch of lines: at most [`MAX_LOG_BATCH`].
@@ -223,17 +235,24 @@ fn truncate_to(mut text: String, max: usize) -> String {
 #[derive(Debug, Default)]
 pub(crate) struct Tail {
     lines: VecDeque<LogLine>,
+    bytes: usize,
 }
 
 impl Tail {
     pub(crate) fn push(&mut self, line: LogLine) {
-        if self.lines.len() == MAX_TAIL_LINES {
-            self.lines.pop_front();
-        }
+        self.bytes += line.text.len();
         self.lines.push_back(line);
+        while self.lines.len() > MAX_TAIL_LINES
+            || (self.lines.len() > 1 && self.bytes > MAX_TAIL_BYTES)
+        {
+            if let Some(old) = self.lines.pop_front() {
+                self.bytes -= old.text.len();
+            }
+        }
     }
 
     pub(crate) fn take(&mut self) -> Vec<LogLine> {
+        self.bytes = 0;
         self.lines.drain(..).collect()
     }
 }

@@ -30,8 +30,8 @@ use regent_mesh::alloc::{
 };
 use regent_mesh::boot::{PARENT_PID_ENV, ROLE_ENV};
 use regent_mesh::host::wire::{
-    HostOp, HostReply, HostRequest, MAX_LEASE, MAX_STOP_GRACE, ProcExited, ProcReady, Renew,
-    ReplyOk, RequestId, SpawnRequest, alloc_actor, host_port,
+    HostOp, HostReply, HostRequest, MAX_LEASE, MAX_STOP_GRACE, ProcExited, ProcLogs, ProcReady,
+    Renew, ReplyOk, RequestId, SpawnRequest, alloc_actor, host_port,
 };
 use regent_net::{
     ActorId, ClusterCa, Endpoint, EndpointConfig, Generation, Inbox, Message, ProcAddr, ProcId,
@@ -1176,6 +1176,9 @@ impl RawOwner {
                 FromHost::Reply(d.decode().expect("reply"))
             } else if d.type_tag == TypeTag::of::<ProcReady>() {
                 FromHost::Ready(d.decode().expect("ready"))
+            } else if d.type_tag == TypeTag::of::<ProcLogs>() {
+                // Its procs' output lines: not what these tests look at.
+                continue;
             } else {
                 FromHost::Exited(d.decode().expect("a host message"))
             };

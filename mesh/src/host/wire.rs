@@ -376,6 +376,13 @@ mod log_tests {
 
     #[test]
     fn lists_past_their_bound_do_not_decode() {
+        let mut fat = exited(3);
+        for l in &mut fat.last_lines {
+            l.text = "f".repeat(MAX_LINE_BYTES);
+        }
+        assert!(decode_body::<ProcExited>(&encode_payload(&fat).unwrap()).is_err());
+        fat.last_lines.truncate(1);
+        assert!(decode_body::<ProcExited>(&encode_payload(&fat).unwrap()).is_ok());
         let ok = encode_payload(&exited(MAX_TAIL_LINES)).unwrap();
         assert_eq!(
             decode_body::<ProcExited>(&ok).unwrap(),

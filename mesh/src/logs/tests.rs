@@ -194,6 +194,18 @@ fn the_tail_keeps_the_last_lines() {
     assert_eq!(lines.len(), MAX_TAIL_LINES);
     assert_eq!(lines[0].text, "3");
     assert_eq!(lines.last().unwrap().text, (MAX_TAIL_LINES + 2).to_string());
+    // Long lines: the bytes bound, and the last line always stays.
+    for i in 0..5 {
+        t.push(line(
+            "p0-0",
+            &format!("{i}{}", "x".repeat(MAX_LINE_BYTES - 1)),
+        ));
+    }
+    let lines = t.take();
+    assert_eq!(lines.len(), MAX_TAIL_BYTES / MAX_LINE_BYTES);
+    assert!(lines.last().unwrap().text.starts_with('4'));
+    let sum: usize = lines.iter().map(|l| l.text.len()).sum();
+    assert!(sum <= MAX_TAIL_BYTES);
 }
 
 #[test]
