@@ -247,7 +247,7 @@ async fn pump(
         return;
     };
     while let Some(event) = upstream.recv().await {
-        if let ProcEvent::Exited { proc, status } = &event {
+        if let ProcEvent::Exited { proc, status, .. } = &event {
             let mut s = shared.lock();
             match s.by_proc.get(proc).copied() {
                 Some(i) => {
@@ -298,6 +298,10 @@ impl Allocator for ChaosAllocator {
 
     fn take_events(&self) -> Option<mpsc::Receiver<ProcEvent>> {
         self.events.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn take_logs(&self) -> Option<mpsc::Receiver<regent_mesh::logs::LogLine>> {
+        self.inner.take_logs()
     }
 
     fn transport_event(&self, event: &TransportEvent) {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use regent_mesh::alloc::{Placement, ProcBoot, ProcSignal, ProcStatus};
 use regent_mesh::host::wire::{
-    HostHello, HostOp, HostReply, HostRequest, ProcExited, ProcReady, Ready, Renew, ReplyOk,
+    HostHello, HostOp, HostReply, HostRequest, ProcExited, ProcLogs, ProcReady, Ready, Renew, ReplyOk,
     RequestId, SpawnRequest,
 };
 use regent_mesh::protocol::{
@@ -449,6 +449,7 @@ fn mesh(out: &mut Seeds) {
         cause: FailureCause::ProcExited {
             proc: proc("trainer-1"),
             status: ProcStatus::Signal(9),
+            last_lines: Vec::new(),
         },
         generation: Generation(4),
     };
@@ -467,6 +468,11 @@ fn mesh(out: &mut Seeds) {
             FailureCause::ProcExited {
                 proc: proc("trainer-1"),
                 status: ProcStatus::Code(1),
+                last_lines: vec![regent_mesh::logs::LogLine {
+                    proc: proc("trainer-1"),
+                    stream: regent_mesh::logs::LogStream::Stderr,
+                    text: "thread 'main' panicked".into(),
+                }],
             },
         ),
         (
@@ -691,6 +697,18 @@ fn host(out: &mut Seeds) {
                 proc: proc("trainer-0"),
                 pid: 4242,
                 status: ProcStatus::Code(0),
+                last_lines: Vec::new(),
+            }),
+        ),
+        (
+            "proc-logs".to_owned(),
+            enc(&ProcLogs {
+                lines: vec![regent_mesh::logs::LogLine {
+                    proc: proc("trainer-0"),
+                    stream: regent_mesh::logs::LogStream::Stdout,
+                    text: "[train r0 g1] loss 1.23".into(),
+                }],
+                dropped: 2,
             }),
         ),
         (

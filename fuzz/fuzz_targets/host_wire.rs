@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::fuzz_target;
 use regent_fuzz::{round_trip, round_trip_with};
 use regent_mesh::host::wire::{
-    HostHello, HostOp, HostReply, HostRequest, MAX_WIRE_DURATION, ProcExited, ProcReady, Ready,
-    Renew,
+    HostHello, HostOp, HostReply, HostRequest, MAX_WIRE_DURATION, ProcExited, ProcLogs, ProcReady,
+    Ready, Renew,
 };
+use regent_mesh::logs::{MAX_LINE_BYTES, MAX_LOG_BATCH, MAX_TAIL_LINES};
 use regent_net::wire::decode_body;
 
 /// Asserts that a decoded duration is bounded and a deadline `d` from now
@@ -52,6 +53,12 @@ fuzz_target!(|data: &[u8]| {
         round_trip(&m);
     }
     if let Ok(m) = decode_body::<ProcExited>(data) {
+        assert!(m.last_lines.len() <= MAX_TAIL_LINES);
+        round_trip(&m);
+    }
+    if let Ok(m) = decode_body::<ProcLogs>(data) {
+        assert!(m.lines.len() <= MAX_LOG_BATCH);
+        assert!(m.lines.iter().all(|l| l.text.len() <= MAX_LINE_BYTES));
         round_trip(&m);
     }
     if let Ok(m) = decode_body::<HostHello>(data) {

@@ -192,6 +192,8 @@ impl InProcAllocator {
             let _ = events.try_send(ProcEvent::Exited {
                 proc: boot.proc,
                 status,
+                // In-process procs share the controller's stdout and stderr.
+                last_lines: Vec::new(),
             });
         });
         self.procs
@@ -220,6 +222,7 @@ impl InProcAllocator {
         let _ = self.events_tx.try_send(ProcEvent::Exited {
             proc: proc.clone(),
             status: ProcStatus::Signal(9),
+            last_lines: Vec::new(),
         });
         Ok(())
     }

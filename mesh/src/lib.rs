@@ -42,6 +42,7 @@ mod fabric;
 pub mod host;
 pub mod inproc;
 mod life;
+pub mod logs;
 mod mailbox;
 pub mod member;
 pub mod policy;

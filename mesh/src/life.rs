@@ -100,6 +100,12 @@ fn run_life<A: MeshActor>(
     start: LifeStart,
     actor_tx: oneshot::Sender<Result<ActorRef<MemberMsg>, String>>,
 ) -> LifeEnd {
+    // What is logged on this thread is the member's (`logs::ProcStderr`).
+    crate::logs::set_thread_member(Some(&crate::logs::MemberTag {
+        mesh: start.member.mesh().to_owned(),
+        rank: start.member.rank().0,
+        generation: start.member.generation().0,
+    }));
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -213,6 +213,10 @@ pub enum FailureCause {
         proc: ProcId,
         /// Its exit code or signal.
         status: ProcStatus,
+        /// Its last lines of output, both streams, the partial last line
+        /// included (at most [`crate::logs::MAX_TAIL_LINES`] at decode).
+        #[serde(deserialize_with = "crate::logs::bounded_tail")]
+        last_lines: Vec<crate::logs::LogLine>,
     },
     /// The host agent of the proc is gone.
     HostLost {
@@ -258,7 +262,20 @@ impl fmt::Display for FailureCause {
             }
             Self::Stopped => f.write_str("actor stopped on its own"),
             Self::StartFailed(m) => write!(f, "member failed to start: {m}"),
-            Self::ProcExited { proc, status } => write!(f, "proc {proc} exited ({status})"),
+            Self::ProcExited {
+                proc,
+                status,
+                last_lines,
+            } => {
+                write!(f, "proc {proc} exited ({status})")?;
+                if !last_lines.is_empty() {
+                    f.write_str("; its last lines:")?;
+                    for line in last_lines {
+                        write!(f, "\n    | {}", line.text)?;
+                    }
+                }
+                Ok(())
+            }
             Self::HostLost { host, proc } => write!(f, "host {host} of proc {proc} lost"),
             Self::LinkFailed { proc, detail } => write!(f, "link to proc {proc} failed: {detail}"),
             Self::Escalated(inner) => write!(f, "owned mesh {} escalated", inner.mesh),

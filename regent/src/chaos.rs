@@ -30,6 +30,8 @@ pub(crate) struct SoakOptions {
     pub(crate) round: Duration,
     /// The kinds of fault to inject (`None`: all).
     pub(crate) faults: Option<Vec<FaultKind>>,
+    /// What becomes of procs' output.
+    pub(crate) logs: regent_mesh::logs::LogMode,
 }
 
 impl Default for SoakOptions {
@@ -41,6 +43,7 @@ impl Default for SoakOptions {
             per_proc: 2,
             round: Duration::from_secs(60),
             faults: None,
+            logs: regent_mesh::logs::LogMode::Fold,
         }
     }
 }
@@ -154,7 +157,8 @@ pub(crate) async fn soak(opts: SoakOptions) -> anyhow::Result<Report> {
     let cluster = ClusterConfig::default().runtime(
         regent_mesh::RuntimeConfig::default()
             .owner_lease(Duration::from_secs(5))
-            .call_timeout(Duration::from_secs(8)),
+            .call_timeout(Duration::from_secs(8))
+            .logs(regent_mesh::logs::LogConfig::default().mode(opts.logs)),
     );
     let report = run(&scenario, cluster, Length::Duration(opts.duration), |p| {
         bar.set_message(format!(

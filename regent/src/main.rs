@@ -183,6 +183,10 @@ enum ChaosCommand {
         /// kill,pause,loss). Default: all.
         #[arg(long)]
         faults: Option<String>,
+        /// Procs' output: `fold` (prefixed, identical lines across ranks
+        /// once), `all`, `json` (one object a line) or `off`.
+        #[arg(long, default_value = "fold")]
+        logs: regent_mesh::logs::LogMode,
     },
 }
 
@@ -198,16 +202,29 @@ enum Suite {
 }
 
 fn main() -> anyhow::Result<()> {
-    // When a host agent started this binary as a proc or host agent, that
-    // role runs here and the process exits; the controller continues.
-    regent_mesh::bootstrap();
-    tracing_subscriber::fmt()
+    // Procs log too: their stderr is their host agent's pipe to the
+    // controller, each event on a member's thread tagged with the member
+    // (`[train r2 g3]`, read back by the controller's log sink).
+    // A proc's lines carry no time: the same event on several ranks folds
+    // into one line at the controller.
+    use std::io::IsTerminal as _;
+    let proc = std::env::var(regent_mesh::boot::ROLE_ENV)
+        .is_ok_and(|role| role == regent_mesh::boot::ROLE_PROC);
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(regent_mesh::logs::ProcStderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    if proc {
+        logs.without_time().init();
+    } else {
+        logs.init();
+    }
+    // When a host agent started this binary as a proc or host agent, that
+    // role runs here and the process exits; the controller continues.
+    regent_mesh::bootstrap();
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -251,6 +268,7 @@ fn main() -> anyhow::Result<()> {
                     procs,
                     per_proc,
                     faults,
+                    logs,
                 },
         } => {
             let opts = chaos::SoakOptions {
@@ -262,6 +280,7 @@ fn main() -> anyhow::Result<()> {
                     .map(|f| chaos::parse_faults(&f))
                     .transpose()
                     .map_err(anyhow::Error::msg)?,
+                logs,
                 ..chaos::SoakOptions::default()
             };
             let report = rt.block_on(chaos::soak(opts))?;

@@ -83,6 +83,11 @@ pub(crate) struct TrainOptions {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub(crate) report_json: Option<PathBuf>,
+    /// Procs' output: `fold` (prefixed `[train r2 g3]`, identical lines
+    /// across ranks once), `all`, `json` (one object a line) or `off`. A
+    /// proc that dies shows its last lines in its failure either way.
+    #[arg(long, default_value = "fold")]
+    pub(crate) logs: regent_mesh::logs::LogMode,
 }
 
 /// Parses `--chaos`: `KIND[,KIND...][:EVERY]` (kinds `kill`, `pause`,
@@ -287,9 +292,11 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         .as_ref()
         .is_some_and(|f| f.kinds.contains(&FaultKind::Partition));
     let mut chaos_cluster = None;
+    let runtime =
+        JobCluster::runtime_config().logs(regent_mesh::logs::LogConfig::default().mode(opts.logs));
     let cluster = if partitions {
         let c = regent_chaos::ClusterConfig {
-            runtime: JobCluster::runtime_config(),
+            runtime: runtime.clone(),
             ..regent_chaos::ClusterConfig::default()
         };
         let c = regent_chaos::ChaosCluster::start(c, regent_chaos::Seed(opts.seed)).await?;
@@ -315,7 +322,7 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         chaos_cluster = Some(c);
         cluster
     } else {
-        JobCluster::local(JobCluster::runtime_config()).await?
+        JobCluster::local(runtime).await?
     };
     let report = run_job(config, cluster, |e| match e {
         JobEvent::Started { step, parameters } => {
@@ -339,7 +346,11 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
                 "loss {loss:.4}, {rate:.1} steps/s, generation {generation}, {faults} faults"
             ));
         }
-        JobEvent::Failure(_) => faults += 1,
+        JobEvent::Failure(what) => {
+            faults += 1;
+            // A dead proc's last lines come with it (`--logs` aside).
+            bar.println(format!("  {what}"));
+        }
         JobEvent::Recovered { step, how } => bar.println(format!("  step {step}: {how}")),
         JobEvent::Checkpoint { step, bytes } => bar.set_message(format!(
             "checkpoint at step {step} ({:.1} MB)",

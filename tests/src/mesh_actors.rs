@@ -50,6 +50,19 @@ pub enum Op {
     Echo(Vec<u8>),
     /// Reply with this many bytes.
     Blob(u32),
+    /// Write `text` to stdout (stderr with `stderr`), with a newline
+    /// unless `partial` (then flushed, so the pipe has it).
+    Print {
+        /// What to write.
+        text: String,
+        /// To stderr instead of stdout.
+        stderr: bool,
+        /// Without the newline.
+        partial: bool,
+    },
+    /// Log `text` with `tracing::info!` (the proc's stderr, with the
+    /// member's tag when the proc logs through `logs::ProcStderr`).
+    Trace(String),
 }
 
 /// A [`Worker`]'s reply.
@@ -189,6 +202,28 @@ impl MeshActor for Worker {
             }
             Op::Echo(bytes) => Reply::Count(bytes.len() as u64),
             Op::Blob(n) => Reply::Bytes(vec![self.rank as u8; n as usize]),
+            Op::Print {
+                text,
+                stderr,
+                partial,
+            } => {
+                use std::io::Write as _;
+                let end = if partial { "" } else { "\n" };
+                if stderr {
+                    let mut err = std::io::stderr().lock();
+                    write!(err, "{text}{end}")?;
+                    err.flush()?;
+                } else {
+                    let mut out = std::io::stdout().lock();
+                    write!(out, "{text}{end}")?;
+                    out.flush()?;
+                }
+                Reply::Ok
+            }
+            Op::Trace(text) => {
+                tracing::info!("{text}");
+                Reply::Ok
+            }
         })
     }
 }

@@ -71,6 +71,20 @@ pub mod alloc {
         const TYPE_NAME: &'static str = "regent-tests/alloc/Pong";
     }
 
+    /// Print `lines` lines `LABEL I` to stdout (at once, as fast as the
+    /// proc can).
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Burst {
+        /// How many.
+        pub lines: u32,
+        /// Each line's first word.
+        pub label: String,
+    }
+
+    impl Message for Burst {
+        const TYPE_NAME: &'static str = "regent-tests/alloc/Burst";
+    }
+
     /// Exit with this code.
     #[derive(Debug, Clone, Serialize, Deserialize)]
     pub struct Exit {

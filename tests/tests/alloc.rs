@@ -30,8 +30,8 @@ use regent_mesh::alloc::{
 };
 use regent_mesh::boot::{PARENT_PID_ENV, ROLE_ENV};
 use regent_mesh::host::wire::{
-    HostOp, HostReply, HostRequest, MAX_LEASE, MAX_STOP_GRACE, ProcExited, ProcReady, Renew,
-    ReplyOk, RequestId, SpawnRequest, alloc_actor, host_port,
+    HostOp, HostReply, HostRequest, MAX_LEASE, MAX_STOP_GRACE, ProcExited, ProcLogs, ProcReady,
+    Renew, ReplyOk, RequestId, SpawnRequest, alloc_actor, host_port,
 };
 use regent_net::{
     ActorId, ClusterCa, Endpoint, EndpointConfig, Generation, Inbox, Message, ProcAddr, ProcId,
@@ -50,7 +50,7 @@ const EXIT_REPORT_BOUND: Duration = Duration::from_secs(2);
 /// SIGKILLed agent is noticed after about 1 s.
 const FAILURE_TIMEOUT: Duration = Duration::from_secs(3);
 
-use regent_tests::peers::alloc::{Exit, Panic, Ping, Pong};
+use regent_tests::peers::alloc::{Burst, Exit, Panic, Ping, Pong};
 use regent_tests::tempdir::TempDir;
 
 fn pid_of(name: &str) -> ProcId {
@@ -241,10 +241,29 @@ impl Events {
         }
     }
 
+    /// The exit of `proc` and its last lines.
+    async fn exit_with_lines(
+        &mut self,
+        proc: &ProcId,
+        within: Duration,
+    ) -> (ProcStatus, Vec<regent_mesh::logs::LogLine>) {
+        self.find(within, |e| match e {
+            ProcEvent::Exited {
+                proc: p,
+                status,
+                last_lines,
+            } if p == proc => Some((*status, last_lines.clone())),
+            _ => None,
+        })
+        .await
+    }
+
     /// The exit of `proc`.
     async fn exit_of(&mut self, proc: &ProcId, within: Duration) -> ProcStatus {
         self.find(within, |e| match e {
-            ProcEvent::Exited { proc: p, status } if p == proc => Some(*status),
+            ProcEvent::Exited {
+                proc: p, status, ..
+            } if p == proc => Some(*status),
             _ => None,
         })
         .await
@@ -302,6 +321,87 @@ async fn local_procs_answer_pings_and_stop() {
         let status = events.exit_of(&p.proc, DEADLINE).await;
         assert_eq!(status, ProcStatus::Signal(Signal::SIGTERM as i32));
     }
+    drop(alloc);
+    assert_no_marked_processes(&marker).await;
+}
+
+/// A proc that writes far more than its pipe holds while nobody reads its
+/// lines is never blocked (it answers a ping); what could not be queued is
+/// dropped and counted, and the count arrives: every line is either
+/// delivered or counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_output_never_blocks_the_proc_and_drops_are_counted() {
+    const LINES: u32 = 30_000; // about 330 kB: five times a pipe's buffer
+    let marker = marker("log-flood");
+    let mut ctl = Controller::new("ctl-flood");
+    let small = std::num::NonZeroUsize::new(8).unwrap();
+    let alloc = LocalAllocator::with_config(
+        ctl.endpoint.clone(),
+        regent_mesh::alloc::LocalConfig::default()
+            .host(regent_mesh::host::HostConfig::default().log_buffer(small))
+            .event_buffer(small),
+    )
+    .expect("local allocator")
+    .program(PROC_BIN)
+    .env(MARKER_ENV, &marker)
+    .start_timeout(DEADLINE);
+    let mut logs = alloc.take_logs().expect("logs");
+    let procs = alloc
+        .allocate(ctl.boots(&names("flood", 1)))
+        .await
+        .expect("allocate");
+    let p = &procs[0];
+    ctl.send(
+        p,
+        Burst {
+            lines: LINES,
+            label: "flood".into(),
+        },
+    )
+    .await;
+    // Nobody reads the lines, yet the proc gets past its burst.
+    assert!(ctl.ping(p, DEADLINE).await.is_some(), "the proc is blocked");
+    let (mut delivered, mut counted) = (0u64, 0u64);
+    let mut tally = |text: &str| {
+        if text.starts_with("flood ") {
+            delivered += 1;
+        } else if let Some(n) = text
+            .strip_prefix("regent: ")
+            .and_then(|t| t.split(' ').next())
+        {
+            counted += n.parse::<u64>().expect("a count");
+        }
+    };
+    // Take what was queued, until the agent has read the whole burst.
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(1), logs.recv()).await {
+        tally(&line.text);
+    }
+    // One more line: it gets through, after the count of what was dropped.
+    ctl.send(
+        p,
+        Burst {
+            lines: 1,
+            label: "after".into(),
+        },
+    )
+    .await;
+    loop {
+        let line = tokio::time::timeout(DEADLINE, logs.recv())
+            .await
+            .expect("a line in time")
+            .expect("log stream open");
+        if line.text.starts_with("after ") {
+            break;
+        }
+        tally(&line.text);
+    }
+    println!("flood of {LINES} lines: {delivered} delivered, {counted} dropped and counted");
+    assert!(
+        counted > 0,
+        "nothing dropped: the test did not fill the queues"
+    );
+    assert_eq!(delivered + counted, u64::from(LINES));
+    alloc.shutdown(Duration::from_secs(5)).await;
     drop(alloc);
     assert_no_marked_processes(&marker).await;
 }
@@ -631,11 +731,31 @@ async fn host_allocator_places_procs_on_two_host_agents() {
     .watch_transport_events()
     .expect("transport events");
     let mut events = Events::new(alloc.take_events().expect("events"));
+    let mut logs = alloc.take_logs().expect("logs");
 
     let procs = alloc
         .allocate(ctl.boots(&names("remote", 4)))
         .await
         .expect("allocate");
+    // Each proc's first line crossed the wire from its host agent.
+    let mut ready: Vec<String> = Vec::new();
+    while ready.len() < procs.len() {
+        let line = tokio::time::timeout(DEADLINE, logs.recv())
+            .await
+            .expect("a log line in time")
+            .expect("log stream open");
+        assert_eq!(
+            line.text,
+            format!("alloc_proc {} ready", line.proc),
+            "{line:?}"
+        );
+        assert_eq!(line.stream, regent_mesh::logs::LogStream::Stdout);
+        ready.push(line.proc.to_string());
+    }
+    ready.sort();
+    let mut want: Vec<String> = procs.iter().map(|p| p.proc.to_string()).collect();
+    want.sort();
+    assert_eq!(ready, want);
     let on = |host: &ProcAddr| {
         procs
             .iter()
@@ -660,12 +780,15 @@ async fn host_allocator_places_procs_on_two_host_agents() {
     );
     assert!(latency < EXIT_REPORT_BOUND, "reported after {latency:?}");
 
-    // Exit codes and signals through the host agent.
+    // Exit codes and signals through the host agent; the exit carries the
+    // proc's last lines, the partial one on stderr included.
     ctl.send(&procs[1], Exit { code: 3 }).await;
-    assert_eq!(
-        events.exit_of(&procs[1].proc, DEADLINE).await,
-        ProcStatus::Code(3)
-    );
+    let (status, last) = events.exit_with_lines(&procs[1].proc, DEADLINE).await;
+    assert_eq!(status, ProcStatus::Code(3));
+    let texts: Vec<&str> = last.iter().map(|l| l.text.as_str()).collect();
+    let exits = format!("alloc_proc {} exits", procs[1].proc);
+    assert!(texts.contains(&exits.as_str()), "{last:?}");
+    assert!(texts.contains(&"half a lin"), "{last:?}");
     alloc
         .signal(&procs[2].proc, ProcSignal::Kill)
         .await
@@ -1053,6 +1176,9 @@ impl RawOwner {
                 FromHost::Reply(d.decode().expect("reply"))
             } else if d.type_tag == TypeTag::of::<ProcReady>() {
                 FromHost::Ready(d.decode().expect("ready"))
+            } else if d.type_tag == TypeTag::of::<ProcLogs>() {
+                // Its procs' output lines: not what these tests look at.
+                continue;
             } else {
                 FromHost::Exited(d.decode().expect("a host message"))
             };

@@ -356,7 +356,7 @@ async fn a_restarted_member_knows_why_and_whom_to_heal_from() {
                     StartKind::Restart { cause, previous } => {
                         assert_eq!(*previous, Generation(0));
                         match cause {
-                            FailureCause::ProcExited { proc, status } => {
+                            FailureCause::ProcExited { proc, status, .. } => {
                                 assert_eq!(proc, &victim);
                                 assert_eq!(*status, ProcStatus::Signal(9));
                             }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use regent_mesh::alloc::LocalAllocator;
 use regent_mesh::alloc::{Allocator, ProcSignal};
+use regent_mesh::logs::{LogConfig, LogMode, LogRecord, LogStream};
 use regent_mesh::{
     ActorMesh, Decision, FailureCause, MeshPolicy, MeshStatus, ProcMesh, Rank, Runtime,
     RuntimeConfig, Selection, Shape, SpawnOptions,
@@ -45,12 +46,18 @@ impl Cluster {
     }
 
     async fn start_with(procs: usize, config: RuntimeConfig) -> Self {
+        Self::start_env(procs, config, &[]).await
+    }
+
+    async fn start_env(procs: usize, config: RuntimeConfig, env: &[(&str, &str)]) -> Self {
         let rt = Runtime::start(config).await.unwrap();
-        let alloc = Arc::new(
-            LocalAllocator::new(rt.endpoint().clone())
-                .unwrap()
-                .program(env!("CARGO_BIN_EXE_mesh_proc")),
-        );
+        let mut local = LocalAllocator::new(rt.endpoint().clone())
+            .unwrap()
+            .program(env!("CARGO_BIN_EXE_mesh_proc"));
+        for (k, v) in env {
+            local = local.env(*k, *v);
+        }
+        let alloc = Arc::new(local);
         let guard = KillOnDrop::default();
         let pm = rt
             .spawn_procs(alloc.clone(), Shape::new([("procs", procs)]).unwrap())
@@ -771,4 +778,204 @@ fn procs_stop_themselves_when_their_owners_lease_lapses() {
         "procs stopped before the lease could lapse ({waited:?})"
     );
     println!("procs stopped themselves {waited:?} after their owner fell silent (lease 2 s)");
+}
+
+/// A cluster of `procs` procs whose members log (`RUST_LOG` for the test
+/// actors) and whose controller prints their lines in `mode`.
+async fn logging_cluster(procs: usize, mode: LogMode) -> Cluster {
+    // Wide: the four lines of a cast reach the sink well within it, even on
+    // two loaded cores.
+    let logs = LogConfig::default()
+        .mode(mode)
+        .fold_window(Duration::from_secs(2));
+    Cluster::start_env(
+        procs,
+        Cluster::config().logs(logs),
+        &[("RUST_LOG", "regent_tests=info")],
+    )
+    .await
+}
+
+/// The records the sink emits until `done` holds for them (or the
+/// deadline: then it panics with what came).
+async fn records_until(
+    rx: &mut tokio::sync::broadcast::Receiver<LogRecord>,
+    done: impl Fn(&[LogRecord]) -> bool,
+) -> Vec<LogRecord> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut seen = Vec::new();
+    while !done(&seen) {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Ok(r)) => seen.push(r),
+            Ok(Err(e)) => panic!("log records: {e}; seen {seen:?}"),
+            Err(_) => panic!("not all records in time; seen {seen:#?}"),
+        }
+    }
+    seen
+}
+
+fn print(text: &str) -> Op {
+    Op::Print {
+        text: text.into(),
+        stderr: false,
+        partial: false,
+    }
+}
+
+/// Members' raw stdout and their `tracing` events reach the controller,
+/// prefixed with the proc (raw) or the member (traced); the same line from
+/// four ranks is folded into one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_output_reaches_the_controller_prefixed_and_folded() {
+    let c = logging_cluster(4, LogMode::Fold).await;
+    let mut rx = c.rt.logs().subscribe();
+    let mesh = c.spawn("talk", 1, SpawnOptions::new()).await;
+    mesh.call(&Selection::All, &print("hello from a member"))
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    mesh.call(&Selection::All, &Op::Trace("traced line".into()))
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    let seen = records_until(&mut rx, |seen| {
+        seen.iter().any(|r| r.text == "hello from a member")
+            && seen.iter().any(|r| r.text.ends_with("traced line"))
+    })
+    .await;
+    let hello: Vec<&LogRecord> = seen
+        .iter()
+        .filter(|r| r.text == "hello from a member")
+        .collect();
+    assert_eq!(hello.len(), 1, "folded into one: {hello:#?}");
+    let batch = c.procs.procs()[0]
+        .proc
+        .as_str()
+        .split('-')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        hello[0].render(LogMode::Fold).unwrap(),
+        format!("[{batch} r0-3] hello from a member")
+    );
+    let traced: Vec<&LogRecord> = seen
+        .iter()
+        .filter(|r| r.text.ends_with("traced line"))
+        .collect();
+    assert_eq!(traced.len(), 1, "folded into one: {traced:#?}");
+    let line = traced[0].render(LogMode::Fold).unwrap();
+    assert!(line.starts_with("[talk r0-3 g0] "), "{line}");
+    assert!(line.contains("INFO"), "{line}");
+    assert_eq!(traced[0].stream, LogStream::Stderr);
+    c.finish().await;
+}
+
+/// With folding off every rank's line comes on its own; JSON lines parse
+/// and name the mesh, rank, generation and stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_folding_every_line_comes_and_json_parses() {
+    for mode in [LogMode::All, LogMode::Json] {
+        let c = logging_cluster(4, mode).await;
+        let mut rx = c.rt.logs().subscribe();
+        let mesh = c.spawn("talk", 1, SpawnOptions::new()).await;
+        mesh.call(&Selection::All, &Op::Trace("same text".into()))
+            .await
+            .unwrap()
+            .into_result()
+            .unwrap();
+        let seen = records_until(&mut rx, |seen| {
+            seen.iter()
+                .filter(|r| r.text.ends_with("same text"))
+                .count()
+                >= 4
+        })
+        .await;
+        let mut ranks: Vec<u32> = seen
+            .iter()
+            .filter(|r| r.text.ends_with("same text"))
+            .map(|r| {
+                let json: serde_json::Value =
+                    serde_json::from_str(&r.render(LogMode::Json).unwrap()).unwrap();
+                assert_eq!(json["mesh"], "talk", "{json}");
+                assert_eq!(json["gen"], 0, "{json}");
+                assert_eq!(json["stream"], "stderr", "{json}");
+                assert_eq!(json["proc"], r.proc.as_str(), "{json}");
+                assert!(json["line"].as_str().unwrap().ends_with("same text"));
+                r.render(mode).unwrap();
+                u32::try_from(json["rank"].as_u64().unwrap()).unwrap()
+            })
+            .collect();
+        ranks.sort_unstable();
+        assert_eq!(ranks, vec![0, 1, 2, 3], "{mode}: one record per rank");
+        c.finish().await;
+    }
+}
+
+/// A proc that wrote a partial line and then got SIGKILL: its last lines,
+/// the partial one included, come with its failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_procs_last_lines_come_with_its_failure() {
+    let c = logging_cluster(2, LogMode::Off).await;
+    let mesh = c
+        .spawn(
+            "dying",
+            1,
+            SpawnOptions::new().policy(MeshPolicy::new(Decision::Stop)),
+        )
+        .await;
+    let mut failures = mesh.failures();
+    for op in [
+        print("step 41 done"),
+        Op::Print {
+            text: "warning on stderr".into(),
+            stderr: true,
+            partial: false,
+        },
+        Op::Print {
+            text: "step 42 half wri".into(),
+            stderr: false,
+            partial: true,
+        },
+    ] {
+        mesh.call_one(Rank(1), &op).await.unwrap();
+    }
+    let victim = c.pid_of(&mesh, 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let FailureCause::ProcExited {
+        status, last_lines, ..
+    } = &failure.cause
+    else {
+        panic!("{failure}");
+    };
+    assert_eq!(*status, regent_mesh::alloc::ProcStatus::Signal(9));
+    let stdout: Vec<&str> = last_lines
+        .iter()
+        .filter(|l| l.stream == LogStream::Stdout)
+        .map(|l| l.text.as_str())
+        .collect();
+    assert_eq!(
+        stdout,
+        vec!["step 41 done", "step 42 half wri"],
+        "{last_lines:?}"
+    );
+    assert!(
+        last_lines
+            .iter()
+            .any(|l| l.stream == LogStream::Stderr && l.text == "warning on stderr"),
+        "{last_lines:?}"
+    );
+    let report = failure.to_string();
+    assert!(report.contains("| step 42 half wri"), "{report}");
+    c.finish().await;
 }

@@ -20,8 +20,8 @@ use super::{
     AllocError, AllocFuture, AllocatedProc, Allocator, ProcBoot, ProcEvent, ProcSignal, ProcStatus,
 };
 use crate::host::wire::{
-    self, HostHello, HostOp, HostReply, HostRequest, ProcExited, ProcReady, Renew, ReplyOk,
-    RequestId, SpawnRequest,
+    self, HostHello, HostOp, HostReply, HostRequest, ProcExited, ProcLogs, ProcReady, Renew,
+    ReplyOk, RequestId, SpawnRequest,
 };
 
 /// Allocators one endpoint may hold (each has its own actor
@@ -667,6 +667,7 @@ impl Shared {
         const REPLY: TypeTag = TypeTag::of::<HostReply>();
         const READY: TypeTag = TypeTag::of::<ProcReady>();
         const EXITED: TypeTag = TypeTag::of::<ProcExited>();
+        const LOGS: TypeTag = TypeTag::of::<ProcLogs>();
         const HELLO: TypeTag = TypeTag::of::<HostHello>();
         let sender = delivery.sender.proc.clone();
         let tag = delivery.type_tag;
@@ -715,7 +716,21 @@ impl Shared {
                 Err(e) => bad(e),
             },
             EXITED => match delivery.decode::<ProcExited>() {
-                Ok(m) => self.tracker.on_exited(host, &m.proc, m.status),
+                Ok(m) => self
+                    .tracker
+                    .on_exited(host, &m.proc, m.status, m.last_lines),
+                Err(e) => bad(e),
+            },
+            LOGS => match delivery.decode::<ProcLogs>() {
+                Ok(m) => {
+                    if m.dropped > 0 {
+                        tracing::debug!(%sender, dropped = m.dropped, "the host agent dropped log lines");
+                        self.tracker.count_dropped(m.dropped);
+                    }
+                    for line in m.lines {
+                        self.tracker.on_log(Some(host), line);
+                    }
+                }
                 Err(e) => bad(e),
             },
             other => tracing::warn!(%sender, type_tag = ?other, "unknown message from host agent"),
@@ -813,6 +828,10 @@ impl Allocator for HostAllocator {
 
     fn take_events(&self) -> Option<mpsc::Receiver<ProcEvent>> {
         self.shared.tracker.take_events()
+    }
+
+    fn take_logs(&self) -> Option<mpsc::Receiver<crate::logs::LogLine>> {
+        self.shared.tracker.take_logs()
     }
     fn transport_event(&self, event: &regent_net::TransportEvent) {
         self.handle_transport_event(event);

@@ -121,6 +121,7 @@ pub struct LocalAllocator {
     owner: ActorId,
     config: LocalConfig,
     pump: tokio::task::AbortHandle,
+    logs: tokio::task::AbortHandle,
 }
 
 impl std::fmt::Debug for LocalAllocator {
@@ -135,6 +136,7 @@ impl std::fmt::Debug for LocalAllocator {
 impl Drop for LocalAllocator {
     fn drop(&mut self) {
         self.pump.abort();
+        self.logs.abort();
     }
 }
 
@@ -153,12 +155,25 @@ impl LocalAllocator {
             HostAgent::start(endpoint, config.host.clone()).map_err(host_error)?;
         let tracker = Arc::new(Tracker::new(config.event_buffer.get()));
         let pump = tokio::spawn(pump(events, tracker.clone())).abort_handle();
+        let logs = agent.take_logs().map_or_else(
+            || tokio::spawn(async {}).abort_handle(),
+            |mut lines| {
+                let tracker = tracker.clone();
+                tokio::spawn(async move {
+                    while let Some(log) = lines.recv().await {
+                        tracker.on_log(None, log.line);
+                    }
+                })
+                .abort_handle()
+            },
+        );
         Ok(Self {
             agent,
             tracker,
             owner,
             config,
             pump,
+            logs,
         })
     }
 
@@ -278,7 +293,12 @@ async fn pump(mut events: mpsc::Receiver<HostEvent>, tracker: Arc<Tracker>) {
             HostEvent::Ready {
                 proc, addr, pid, ..
             } => tracker.on_ready(LOCAL_HOST, &proc, addr, pid),
-            HostEvent::Exited { proc, status, .. } => tracker.on_exited(LOCAL_HOST, &proc, status),
+            HostEvent::Exited {
+                proc,
+                status,
+                last_lines,
+                ..
+            } => tracker.on_exited(LOCAL_HOST, &proc, status, last_lines),
         }
     }
 }
@@ -315,5 +335,9 @@ impl Allocator for LocalAllocator {
 
     fn take_events(&self) -> Option<mpsc::Receiver<ProcEvent>> {
         self.tracker.take_events()
+    }
+
+    fn take_logs(&self) -> Option<mpsc::Receiver<crate::logs::LogLine>> {
+        self.tracker.take_logs()
     }
 }

@@ -52,6 +52,10 @@ pub enum ProcEvent {
         proc: ProcId,
         /// How.
         status: ProcStatus,
+        /// Its last lines of output (at most
+        /// [`crate::logs::MAX_TAIL_LINES`]; the partial last line
+        /// included).
+        last_lines: Vec<crate::logs::LogLine>,
     },
     /// A host agent is gone (its link failed past the failure timeout, or
     /// its process ended); its procs are presumed dead.
@@ -140,6 +144,13 @@ pub trait Allocator: Send + Sync + 'static {
     /// The stream of proc events (exits, lost hosts) of every proc this
     /// allocator started. Can be taken once.
     fn take_events(&self) -> Option<tokio::sync::mpsc::Receiver<ProcEvent>>;
+
+    /// The stream of output lines of every proc this allocator started
+    /// (stdout, stderr). Can be taken once; until then lines go to this
+    /// process's stderr. The default has none.
+    fn take_logs(&self) -> Option<tokio::sync::mpsc::Receiver<crate::logs::LogLine>> {
+        None
+    }
 
     /// A control-plane event of the endpoint the allocator shares with its
     /// owner (the owner holds the endpoint's event stream and passes every

@@ -491,6 +491,10 @@ impl Allocator for SlurmAllocator {
     fn take_events(&self) -> Option<mpsc::Receiver<ProcEvent>> {
         self.hosts.take_events()
     }
+
+    fn take_logs(&self) -> Option<mpsc::Receiver<crate::logs::LogLine>> {
+        self.hosts.take_logs()
+    }
     fn transport_event(&self, event: &regent_net::TransportEvent) {
         self.handle_transport_event(event);
     }

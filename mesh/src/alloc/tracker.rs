@@ -1,8 +1,10 @@
 //! What every allocator keeps about its procs: where each runs, who waits
-//! for its start or its stop, and the event stream.
+//! for its start or its stop, the event stream, and the stream of its
+//! procs' output lines.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -10,6 +12,7 @@ use regent_net::{ProcAddr, ProcId};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{AllocError, AllocatedProc, ProcEvent, ProcStatus};
+use crate::logs::LogLine;
 
 /// Why a proc did not become ready.
 #[derive(Debug, Clone)]
@@ -37,6 +40,11 @@ pub(crate) struct Tracker {
     events: mpsc::Sender<ProcEvent>,
     events_rx: Mutex<Option<mpsc::Receiver<ProcEvent>>>,
     dropped: AtomicU64,
+    logs: mpsc::Sender<LogLine>,
+    logs_rx: Mutex<Option<mpsc::Receiver<LogLine>>>,
+    logs_taken: AtomicBool,
+    /// Lines dropped since the last one handed on (the channel was full).
+    logs_dropped: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -47,12 +55,63 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Tracker {
     pub(crate) fn new(event_buffer: usize) -> Self {
         let (events, rx) = mpsc::channel(event_buffer.max(1));
+        let (logs, logs_rx) = mpsc::channel(event_buffer.max(1));
         Self {
             procs: Mutex::new(HashMap::new()),
             events,
             events_rx: Mutex::new(Some(rx)),
             dropped: AtomicU64::new(0),
+            logs,
+            logs_rx: Mutex::new(Some(logs_rx)),
+            logs_taken: AtomicBool::new(false),
+            logs_dropped: AtomicU64::new(0),
         }
+    }
+
+    /// The procs' output lines from now on (once); until then they go to
+    /// this process's stderr.
+    pub(crate) fn take_logs(&self) -> Option<mpsc::Receiver<LogLine>> {
+        let rx = lock(&self.logs_rx).take();
+        self.logs_taken.store(true, Ordering::Release);
+        rx
+    }
+
+    /// One line of a proc's output, from `host` (`None`: the in-process
+    /// agent, trusted). A remote host's line counts only for a proc
+    /// tracked there. Never waits: past the channel's capacity, lines are
+    /// dropped and counted, and a line saying how many follows.
+    pub(crate) fn on_log(&self, host: Option<&str>, line: LogLine) {
+        if let Some(host) = host
+            && lock(&self.procs)
+                .get(&line.proc)
+                .is_none_or(|t| t.host != host)
+        {
+            tracing::debug!(%line.proc, host, "a log line of a proc not running there dropped");
+            return;
+        }
+        if !self.logs_taken.load(Ordering::Acquire) {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+            return;
+        }
+        let dropped = self.logs_dropped.load(Ordering::Relaxed);
+        if dropped > 0 {
+            let marker = LogLine::dropped(line.proc.clone(), line.stream, dropped);
+            if self.logs.try_send(marker).is_err() {
+                self.count_dropped(line.weight());
+                return;
+            }
+            self.logs_dropped.fetch_sub(dropped, Ordering::Relaxed);
+        }
+        if let Err(mpsc::error::TrySendError::Full(line)) = self.logs.try_send(line) {
+            // A count of lines dropped upstream keeps its weight.
+            self.count_dropped(line.weight());
+        }
+    }
+
+    /// `n` lines were dropped (here, or upstream): the next line handed on
+    /// is preceded by the count.
+    pub(crate) fn count_dropped(&self, n: u64) {
+        self.logs_dropped.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn take_events(&self) -> Option<mpsc::Receiver<ProcEvent>> {
@@ -137,7 +196,13 @@ impl Tracker {
         }
     }
 
-    pub(crate) fn on_exited(&self, host: &str, proc: &ProcId, status: ProcStatus) {
+    pub(crate) fn on_exited(
+        &self,
+        host: &str,
+        proc: &ProcId,
+        status: ProcStatus,
+        last_lines: Vec<LogLine>,
+    ) {
         let tracked = {
             let mut procs = lock(&self.procs);
             if procs.get(proc).is_none_or(|t| t.host != host) {
@@ -157,6 +222,7 @@ impl Tracker {
             self.emit(ProcEvent::Exited {
                 proc: proc.clone(),
                 status,
+                last_lines,
             });
         }
     }

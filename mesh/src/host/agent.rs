@@ -13,6 +13,13 @@
 //! a stop from SIGTERM to SIGKILL after the grace period, and reports the
 //! proc's ready and exit events in that order.
 //!
+//! Each proc's stdout and stderr are pipes read by two tasks that cut them
+//! into lines ([`crate::logs::LineSplitter`]), keep the last ones (they
+//! come with the exit) and hand them on without ever waiting: past
+//! [`HostConfig::log_buffer`] lines are dropped and counted (a
+//! `regent: N lines dropped` line follows). Until [`HostAgent::take_logs`]
+//! is called, lines go to the agent's own stderr, prefixed with the proc.
+//!
 //! Procs are started from one dedicated thread ("regent-spawner") that lives
 //! as long as the agent: the parent-death signal a proc sets fires when the
 //! *thread* that forked it ends, so forking from a runtime worker (which can
@@ -21,9 +28,11 @@
 //! is left, so no zombie outlives the agent.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -31,7 +40,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use regent_net::{ActorId, Delivery, Endpoint, Message as _, ProcAddr, ProcId, Role, TypeTag};
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -40,6 +49,7 @@ use crate::boot::{self, PARENT_PID_ENV, ROLE_ENV, ROLE_PROC};
 use crate::boot::{ProcBoot, ProcSignal};
 use crate::host::HostError;
 use crate::host::wire::{self, MAX_LEASE, MAX_SPAWN_ARGS, MAX_SPAWN_ENV, MAX_STOP_GRACE, Ready};
+use crate::logs::{LineSplitter, LogLine, LogStream, Tail};
 use crate::policy::ProcStatus;
 
 /// Configuration of a host agent, with documented defaults. Fields are
@@ -66,6 +76,9 @@ pub struct HostConfig {
     /// How long writing a proc's boot to its stdin may take before the proc
     /// is killed. Default 5 s.
     pub boot_write_timeout: Duration,
+    /// Capacity of the channel of procs' output lines ([`HostLog`]s); past
+    /// it, lines are dropped and counted (procs never wait). Default 4096.
+    pub log_buffer: NonZeroUsize,
 }
 
 impl Default for HostConfig {
@@ -78,6 +91,7 @@ impl Default for HostConfig {
             lease_stop_grace: Duration::from_secs(5),
             lease_check_interval: Duration::from_millis(50),
             boot_write_timeout: Duration::from_secs(5),
+            log_buffer: NonZeroUsize::new(4096).expect("4096 is not zero"),
         }
     }
 }
@@ -110,6 +124,8 @@ impl HostConfig {
         lease_check_interval: Duration;
         /// Sets the boot write timeout.
         boot_write_timeout: Duration;
+        /// Sets the capacity of the log line channel.
+        log_buffer: NonZeroUsize;
     }
 }
 
@@ -153,7 +169,20 @@ pub enum HostEvent {
         pid: u32,
         /// How it ended.
         status: ProcStatus,
+        /// Its last lines of output (at most
+        /// [`crate::logs::MAX_TAIL_LINES`], both streams, the partial last
+        /// line included).
+        last_lines: Vec<LogLine>,
     },
+}
+
+/// One line of a proc's output, for its owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLog {
+    /// The proc's owner.
+    pub owner: ActorId,
+    /// The line.
+    pub line: LogLine,
 }
 
 /// A proc as the agent knows it.
@@ -221,6 +250,9 @@ struct Inner {
     events: mpsc::Sender<HostEvent>,
     spawner: Spawner,
     tasks: Mutex<Vec<AbortHandle>>,
+    logs: mpsc::Sender<HostLog>,
+    logs_rx: Mutex<Option<mpsc::Receiver<HostLog>>>,
+    logs_taken: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -341,6 +373,7 @@ impl HostAgent {
         let spawner = Spawner::start(tokio::runtime::Handle::current(), config.max_procs.get())?;
         let (events, events_rx) = mpsc::channel(config.event_buffer.get());
         let check = config.lease_check_interval;
+        let (logs, logs_rx) = mpsc::channel(config.log_buffer.get());
         let inner = Arc::new(Inner {
             endpoint,
             config,
@@ -351,6 +384,9 @@ impl HostAgent {
             events,
             spawner,
             tasks: Mutex::new(Vec::new()),
+            logs,
+            logs_rx: Mutex::new(Some(logs_rx)),
+            logs_taken: AtomicBool::new(false),
         });
         let dispatcher = tokio::spawn(dispatch(Arc::downgrade(&inner), inbox, requests));
         let leases = tokio::spawn(check_leases(Arc::downgrade(&inner), check));
@@ -375,6 +411,19 @@ impl HostAgent {
     /// The configuration.
     pub fn config(&self) -> &HostConfig {
         &self.inner.config
+    }
+
+    /// The lines of every proc's output from now on (can be taken once).
+    /// Until then they go to this process's stderr.
+    pub fn take_logs(&self) -> Option<mpsc::Receiver<HostLog>> {
+        let rx = self
+            .inner
+            .logs_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        self.inner.logs_taken.store(true, Ordering::Release);
+        rx
     }
 
     /// Starts a proc for `owner` and returns its pid once its boot is
@@ -482,8 +531,8 @@ impl HostAgent {
             .env(ROLE_ENV, ROLE_PROC)
             .env(PARENT_PID_ENV, std::process::id().to_string())
             .stdin(Stdio::piped())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit());
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = match self.inner.spawner.spawn(command).await {
             Ok(child) => child,
             Err(source) => {
@@ -499,6 +548,24 @@ impl HostAgent {
         // an id.
         let pid = child.id().expect("a running child has a pid");
         let stdin = child.stdin.take();
+        let tail = Arc::new(Mutex::new(Tail::default()));
+        let readers = [
+            (child.stdout.take().map(boxed), LogStream::Stdout),
+            (child.stderr.take().map(boxed), LogStream::Stderr),
+        ]
+        .into_iter()
+        .filter_map(|(pipe, stream)| {
+            let out = LogOut {
+                proc: proc.clone(),
+                owner: owner.clone(),
+                stream,
+                inner: Arc::downgrade(inner),
+                tail: tail.clone(),
+                dropped: 0,
+            };
+            pipe.map(|pipe| tokio::spawn(read_lines(pipe, out)))
+        })
+        .collect();
         {
             let mut st = lock(&inner.state);
             if let Some(e) = st.procs.get_mut(&proc) {
@@ -508,12 +575,11 @@ impl HostAgent {
         tracing::debug!(%proc, pid, program = %program.display(), %owner, "proc spawned");
         tokio::spawn(watch(
             child,
-            pid,
-            proc.clone(),
-            owner.clone(),
+            (pid, proc.clone(), owner.clone()),
             cmd_rx,
             Arc::downgrade(inner),
             inner.events.clone(),
+            Output { readers, tail },
         ));
 
         // The boot goes to stdin, then stdin closes (EOF ends the proc's
@@ -710,12 +776,11 @@ fn send_signal(proc: &ProcId, pid: u32, signal: Signal) {
 /// reused pid.
 async fn watch(
     mut child: tokio::process::Child,
-    pid: u32,
-    proc: ProcId,
-    owner: ActorId,
+    (pid, proc, owner): (u32, ProcId, ActorId),
     mut cmds: mpsc::Receiver<Cmd>,
     inner: Weak<Inner>,
     events: mpsc::Sender<HostEvent>,
+    output: Output,
 ) {
     let mut kill_at: Option<Instant> = None;
     let mut stopping = false;
@@ -780,14 +845,125 @@ async fn watch(
     for w in waiters {
         let _ = w.send(status);
     }
+    let last_lines = output.finish().await;
     let _ = events
         .send(HostEvent::Exited {
             owner,
             proc,
             pid,
             status,
+            last_lines,
         })
         .await;
+}
+
+/// How long, after a proc exited, its pipes may take to reach EOF (a
+/// process it started may hold them open) before its last lines are taken
+/// as they are.
+const OUTPUT_EOF_GRACE: Duration = Duration::from_millis(500);
+
+/// The readers of one proc's pipes and the lines they keep.
+struct Output {
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    tail: Arc<Mutex<Tail>>,
+}
+
+impl Output {
+    /// The last lines, once the readers reached EOF (or after
+    /// [`OUTPUT_EOF_GRACE`]).
+    async fn finish(self) -> Vec<LogLine> {
+        let all = futures::future::join_all(self.readers);
+        if tokio::time::timeout(OUTPUT_EOF_GRACE, all).await.is_err() {
+            tracing::debug!("a proc's pipes stayed open past its exit");
+        }
+        self.tail.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+fn boxed(pipe: impl AsyncRead + Send + Unpin + 'static) -> Box<dyn AsyncRead + Send + Unpin> {
+    Box::new(pipe)
+}
+
+/// Where one pipe's lines go.
+struct LogOut {
+    proc: ProcId,
+    owner: ActorId,
+    stream: LogStream,
+    inner: Weak<Inner>,
+    tail: Arc<Mutex<Tail>>,
+    /// Lines dropped since the last one handed on.
+    dropped: u64,
+}
+
+impl LogOut {
+    fn line(&mut self, text: String) {
+        let line = LogLine {
+            proc: self.proc.clone(),
+            stream: self.stream,
+            text,
+        };
+        self.tail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(line.clone());
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        if !inner.logs_taken.load(Ordering::Acquire) {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+            return;
+        }
+        if self.dropped > 0 {
+            let marker = LogLine::dropped(self.proc.clone(), self.stream, self.dropped);
+            if !self.hand_on(&inner, marker) {
+                self.dropped += line.weight();
+                return;
+            }
+            self.dropped = 0;
+        }
+        let weight = line.weight();
+        if !self.hand_on(&inner, line) {
+            self.dropped += weight;
+        }
+    }
+
+    /// Hands a line on without waiting; whether there was room.
+    fn hand_on(&self, inner: &Inner, line: LogLine) -> bool {
+        let log = HostLog {
+            owner: self.owner.clone(),
+            line,
+        };
+        match inner.logs.try_send(log) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => false,
+            // Nobody reads any more: nothing to count.
+            Err(mpsc::error::TrySendError::Closed(_)) => true,
+        }
+    }
+}
+
+/// Reads one pipe to EOF, line by line.
+async fn read_lines(mut pipe: Box<dyn AsyncRead + Send + Unpin>, mut out: LogOut) {
+    let mut splitter = LineSplitter::default();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => {
+                for text in splitter.push(&buf[..n]) {
+                    out.line(text);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::debug!(proc = %out.proc, error = %e, "cannot read a proc's output");
+                break;
+            }
+        }
+    }
+    if let Some(text) = splitter.finish() {
+        out.line(text);
+    }
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {

@@ -23,11 +23,12 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::host::HostError;
-use crate::host::agent::{HostAgent, HostConfig, HostEvent, SpawnSpec};
+use crate::host::agent::{HostAgent, HostConfig, HostEvent, HostLog, SpawnSpec};
 use crate::host::wire::{
-    self, HostHello, HostOp, HostReply, HostRequest, MAX_STOP_GRACE, ProcExited, ProcReady, Renew,
-    ReplyOk, RequestId, SpawnRequest,
+    self, HostHello, HostOp, HostReply, HostRequest, MAX_STOP_GRACE, ProcExited, ProcLogs,
+    ProcReady, Renew, ReplyOk, RequestId, SpawnRequest,
 };
+use crate::logs::MAX_LOG_BATCH;
 
 /// Spawn requests handled at once; more wait in the port's inbox.
 const MAX_SPAWNS_IN_FLIGHT: usize = 64;
@@ -246,6 +247,7 @@ fn local_ip_towards(target: SocketAddr) -> Result<IpAddr, HostError> {
 pub struct HostServer {
     agent: HostAgent,
     events: mpsc::Receiver<HostEvent>,
+    logs: mpsc::Receiver<HostLog>,
     requests: mpsc::Receiver<Delivery>,
     announce: Option<(ProcAddr, PortId)>,
     idle_exit: Option<Duration>,
@@ -285,6 +287,8 @@ impl HostServer {
         let endpoint = Endpoint::bind(credentials, listen, options.endpoint)?;
         let (requests_tx, requests) = mpsc::channel(MAX_SPAWNS_IN_FLIGHT);
         let (agent, events) = HostAgent::start_inner(endpoint, options.config, Some(requests_tx))?;
+        // Invariant: the agent was just started, so its logs are not taken.
+        let logs = agent.take_logs().expect("a new agent's logs are not taken");
         let announce = match options.announce {
             Some(addr) => {
                 let port = match options.announce_port {
@@ -298,6 +302,7 @@ impl HostServer {
         Ok(Self {
             agent,
             events,
+            logs,
             requests,
             announce,
             idle_exit: options.idle_exit,
@@ -351,6 +356,7 @@ impl HostServer {
                     break;
                 }
                 Some(event) = self.events.recv() => owners.event(event),
+                Some(log) = self.logs.recv() => owners.logs(log, &mut self.logs),
                 Some(done) = spawns.join_next(), if !spawns.is_empty() => match done {
                     Ok((owner, reply)) => owners.send(&owner, Outgoing::Reply(reply)),
                     Err(e) => tracing::error!(error = %e, "spawn task failed"),
@@ -378,6 +384,9 @@ impl HostServer {
         spawns.shutdown().await;
         let grace = self.agent.config().lease_stop_grace;
         self.agent.shutdown(grace).await;
+        while let Ok(log) = self.logs.try_recv() {
+            owners.logs(log, &mut self.logs);
+        }
         while let Ok(event) = self.events.try_recv() {
             owners.event(event);
         }
@@ -550,6 +559,7 @@ enum Outgoing {
     Reply(HostReply),
     Ready(ProcReady),
     Exited(ProcExited),
+    Logs(ProcLogs),
 }
 
 /// One queue and sending task per owner, so a slow owner delays only its
@@ -560,6 +570,8 @@ struct Owners {
     queues: HashMap<ActorId, mpsc::Sender<Outgoing>>,
     tasks: JoinSet<()>,
     dropped: u64,
+    /// Per owner, log lines dropped since its last batch.
+    logs_dropped: HashMap<ActorId, u64>,
 }
 
 impl Owners {
@@ -570,6 +582,7 @@ impl Owners {
             queues: HashMap::new(),
             tasks: JoinSet::new(),
             dropped: 0,
+            logs_dropped: HashMap::new(),
         }
     }
 
@@ -586,7 +599,52 @@ impl Owners {
                 proc,
                 pid,
                 status,
-            } => self.send(&owner, Outgoing::Exited(ProcExited { proc, pid, status })),
+                last_lines,
+            } => self.send(
+                &owner,
+                Outgoing::Exited(ProcExited {
+                    proc,
+                    pid,
+                    status,
+                    last_lines,
+                }),
+            ),
+        }
+    }
+
+    /// Sends `first` and the lines queued behind it (at most
+    /// [`MAX_LOG_BATCH`] in all) in one batch per owner. Batches use at
+    /// most half an owner's queue, so they never crowd out its replies and
+    /// events; past that they are dropped, and the next batch says how
+    /// many lines were.
+    fn logs(&mut self, first: HostLog, more: &mut mpsc::Receiver<HostLog>) {
+        let mut batches: Vec<(ActorId, Vec<crate::logs::LogLine>)> = Vec::new();
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(log) = next.take() {
+            match batches.iter_mut().find(|(o, _)| *o == log.owner) {
+                Some((_, lines)) => lines.push(log.line),
+                None => batches.push((log.owner, vec![log.line])),
+            }
+            taken += 1;
+            if taken < MAX_LOG_BATCH {
+                next = more.try_recv().ok();
+            }
+        }
+        for (owner, lines) in batches {
+            let room = self
+                .queues
+                .get(&owner)
+                .is_none_or(|q| q.capacity() > OWNER_QUEUE / 2);
+            if !room {
+                *self.logs_dropped.entry(owner).or_default() += lines.len() as u64;
+                continue;
+            }
+            let dropped = self.logs_dropped.remove(&owner).unwrap_or(0);
+            self.send(&owner, Outgoing::Logs(ProcLogs { lines, dropped }));
+        }
+        if self.logs_dropped.len() > 1024 {
+            self.logs_dropped.clear();
         }
     }
 
@@ -645,6 +703,11 @@ async fn forward(endpoint: Endpoint, me: ActorId, to: PortId, mut rx: mpsc::Rece
                 .err()
                 .map(|e| e.failure),
             Outgoing::Exited(m) => endpoint
+                .send(&me, &to, Generation(0), m)
+                .await
+                .err()
+                .map(|e| e.failure),
+            Outgoing::Logs(m) => endpoint
                 .send(&me, &to, Generation(0), m)
                 .await
                 .err()

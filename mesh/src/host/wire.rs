@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | proc (`regent-proc[0]`) | its host agent's [`host_port`] | [`Ready`] |
 //! | owner (`regent-alloc[k]`) | a host agent's [`host_port`] | [`HostRequest`], [`Renew`] |
-//! | host agent (`regent-host[0]`) | the owner actor's port 0 | [`HostReply`], [`ProcReady`], [`ProcExited`] |
+//! | host agent (`regent-host[0]`) | the owner actor's port 0 | [`HostReply`], [`ProcReady`], [`ProcExited`], [`ProcLogs`] |
 //! | host agent started by Slurm | the port named by `--announce-port` | [`HostHello`] |
 //!
 //! Senders are authenticated by the transport (a delivery's sender proc is
@@ -29,6 +29,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::boot::{ProcBoot, ProcSignal};
+use crate::logs::LogLine;
 use crate::policy::ProcStatus;
 
 pub use crate::boot::{HOST_ACTOR, PROC_ACTOR, Ready, host_actor, host_port, proc_actor};
@@ -226,10 +227,31 @@ pub struct ProcExited {
     pub pid: u32,
     /// How it ended.
     pub status: ProcStatus,
+    /// Its last lines of output (at most [`crate::logs::MAX_TAIL_LINES`]
+    /// at decode).
+    #[serde(deserialize_with = "crate::logs::bounded_tail")]
+    pub last_lines: Vec<LogLine>,
 }
 
 impl Message for ProcExited {
     const TYPE_NAME: &'static str = "regent/host/ProcExited";
+}
+
+/// A host agent hands an owner lines of its procs' output, in the order
+/// they were read (per proc and stream).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcLogs {
+    /// The lines (at most [`crate::logs::MAX_LOG_BATCH`] at decode, each
+    /// at most [`crate::logs::MAX_LINE_BYTES`]).
+    #[serde(deserialize_with = "crate::logs::bounded_batch")]
+    pub lines: Vec<LogLine>,
+    /// Lines for this owner the agent dropped since the last batch (its
+    /// queue to the owner was full).
+    pub dropped: u64,
+}
+
+impl Message for ProcLogs {
+    const TYPE_NAME: &'static str = "regent/host/ProcLogs";
 }
 
 /// A host agent started for an owner (by Slurm) announces itself.
@@ -268,6 +290,7 @@ mod tests {
             Renew::TYPE_NAME,
             ProcReady::TYPE_NAME,
             ProcExited::TYPE_NAME,
+            ProcLogs::TYPE_NAME,
             HostHello::TYPE_NAME,
         ];
         let set: std::collections::BTreeSet<_> = names.iter().collect();
@@ -313,11 +336,100 @@ mod tests {
             proc: ProcId::new("p-1").unwrap(),
             pid: 42,
             status: ProcStatus::Signal(9),
+            last_lines: vec![LogLine {
+                proc: ProcId::new("p-1").unwrap(),
+                stream: crate::logs::LogStream::Stderr,
+                text: "partial".into(),
+            }],
         };
         let bytes = regent_net::wire::encode_payload(&exited).unwrap();
         assert_eq!(
             regent_net::wire::decode_body::<ProcExited>(&bytes).unwrap(),
             exited
         );
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+    use crate::logs::{LogStream, MAX_LINE_BYTES, MAX_LOG_BATCH, MAX_TAIL_LINES};
+    use proptest::prelude::*;
+    use regent_net::wire::{decode_body, encode_payload};
+
+    fn line(text: String) -> LogLine {
+        LogLine {
+            proc: ProcId::new("p0-1").unwrap(),
+            stream: LogStream::Stdout,
+            text,
+        }
+    }
+
+    fn exited(lines: usize) -> ProcExited {
+        ProcExited {
+            proc: ProcId::new("p0-1").unwrap(),
+            pid: 7,
+            status: ProcStatus::Code(1),
+            last_lines: (0..lines).map(|i| line(i.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn lists_past_their_bound_do_not_decode() {
+        let mut fat = exited(3);
+        for l in &mut fat.last_lines {
+            l.text = "f".repeat(MAX_LINE_BYTES);
+        }
+        assert!(decode_body::<ProcExited>(&encode_payload(&fat).unwrap()).is_err());
+        fat.last_lines.truncate(1);
+        assert!(decode_body::<ProcExited>(&encode_payload(&fat).unwrap()).is_ok());
+        let ok = encode_payload(&exited(MAX_TAIL_LINES)).unwrap();
+        assert_eq!(
+            decode_body::<ProcExited>(&ok).unwrap(),
+            exited(MAX_TAIL_LINES)
+        );
+        let long = encode_payload(&exited(MAX_TAIL_LINES + 1)).unwrap();
+        let err = decode_body::<ProcExited>(&long).unwrap_err();
+        assert!(!err.to_string().is_empty());
+        let batch = |n: usize| ProcLogs {
+            lines: (0..n).map(|i| line(i.to_string())).collect(),
+            dropped: 3,
+        };
+        let ok = encode_payload(&batch(MAX_LOG_BATCH)).unwrap();
+        assert_eq!(decode_body::<ProcLogs>(&ok).unwrap(), batch(MAX_LOG_BATCH));
+        assert!(
+            decode_body::<ProcLogs>(&encode_payload(&batch(MAX_LOG_BATCH + 1)).unwrap()).is_err()
+        );
+        let fat = ProcLogs {
+            lines: vec![line("z".repeat(MAX_LINE_BYTES + 1))],
+            dropped: 0,
+        };
+        assert!(decode_body::<ProcLogs>(&encode_payload(&fat).unwrap()).is_err());
+    }
+
+    proptest! {
+        /// Any bytes: a clear error or a batch within its bounds; never a
+        /// panic.
+        #[test]
+        fn proc_logs_decode_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            match decode_body::<ProcLogs>(&bytes) {
+                Ok(m) => {
+                    prop_assert!(m.lines.len() <= MAX_LOG_BATCH);
+                    prop_assert!(m.lines.iter().all(|l| l.text.len() <= MAX_LINE_BYTES));
+                }
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+            if let Ok(m) = decode_body::<ProcExited>(&bytes) {
+                prop_assert!(m.last_lines.len() <= MAX_TAIL_LINES);
+            }
+        }
+
+        /// Batches round-trip.
+        #[test]
+        fn proc_logs_round_trip(texts in proptest::collection::vec("\\PC{0,80}", 0..40), dropped: u64) {
+            let m = ProcLogs { lines: texts.into_iter().map(line).collect(), dropped };
+            let back = decode_body::<ProcLogs>(&encode_payload(&m).unwrap()).unwrap();
+            prop_assert_eq!(back, m);
+        }
     }
 }

@@ -31,6 +31,7 @@ fn exited() -> FailureCause {
     FailureCause::ProcExited {
         proc: ProcId::new("p0-1").unwrap(),
         status: ProcStatus::Signal(9),
+        last_lines: Vec::new(),
     }
 }
 

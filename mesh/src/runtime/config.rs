@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use regent_net::EndpointConfig;
 
+use crate::logs::LogConfig;
 use crate::tree::DEFAULT_FANOUT;
 
 /// How a [`Runtime`](super::Runtime) is set up. Its endpoint settings reach
@@ -29,6 +30,9 @@ pub struct RuntimeConfig {
     /// The control plane's settings, the controller's and its procs' (its
     /// `failure_timeout` bounds how fast a silent proc is declared failed).
     pub endpoint: EndpointConfig,
+    /// What becomes of procs' output lines (default: printed to stderr
+    /// with their prefix, identical lines across ranks folded).
+    pub logs: LogConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -41,6 +45,7 @@ impl Default for RuntimeConfig {
             call_timeout: Duration::from_secs(30),
             fanout: DEFAULT_FANOUT,
             endpoint: EndpointConfig::default(),
+            logs: LogConfig::default(),
         }
     }
 }
@@ -61,6 +66,12 @@ impl RuntimeConfig {
     /// Sets the owner lease given to procs.
     pub fn owner_lease(mut self, lease: Duration) -> Self {
         self.owner_lease = lease;
+        self
+    }
+
+    /// Sets what becomes of procs' output lines.
+    pub fn logs(mut self, logs: LogConfig) -> Self {
+        self.logs = logs;
         self
     }
 

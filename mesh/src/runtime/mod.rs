@@ -37,6 +37,7 @@ use crate::cast::Caster;
 use crate::entropy::Entropy;
 use crate::error::MeshError;
 use crate::fabric::{Fabric, NetFabric, Pending, proc_port};
+use crate::logs::LogSink;
 use crate::policy::MeshFailure;
 use crate::protocol::{MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody, names};
 
@@ -70,6 +71,8 @@ struct Inner {
     hooked: Mutex<Vec<(usize, Arc<dyn Allocator>)>>,
     /// A failure that escalated past every owner: the job has stopped.
     job: watch::Sender<Option<MeshFailure>>,
+    /// Where procs' output lines go.
+    logs: Arc<LogSink>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -168,8 +171,10 @@ impl Runtime {
             actor,
             entropy.clone(),
         ));
+        let logs = LogSink::start(&config.logs);
         let rt = Self {
             inner: Arc::new(Inner {
+                logs,
                 config,
                 ca,
                 fabric,
@@ -229,6 +234,13 @@ impl Runtime {
         Ok(Arc::new(crate::alloc::LocalAllocator::new(
             self.endpoint().clone(),
         )?))
+    }
+
+    /// Where procs' output lines go: printed as
+    /// [`RuntimeConfig::logs`] says, and handed to
+    /// [`LogSink::subscribe`]rs.
+    pub fn logs(&self) -> &LogSink {
+        &self.inner.logs
     }
 
     /// How many cast-tree frames the controller has sent itself (each is one
@@ -342,6 +354,10 @@ impl Runtime {
                 Arc::downgrade(&self.inner),
                 events,
             ));
+            self.inner.tasks.lock().expect("tasks lock").push(task);
+        }
+        if let Some(lines) = allocator.take_logs() {
+            let task = self.inner.logs.feed(lines);
             self.inner.tasks.lock().expect("tasks lock").push(task);
         }
     }

@@ -608,12 +608,17 @@ impl Supervisor {
                 Vec::new(),
             )),
             Signal::Member(_) => None,
-            Signal::Proc(ProcEvent::Exited { proc, status }) => self.proc_failure(
+            Signal::Proc(ProcEvent::Exited {
+                proc,
+                status,
+                last_lines,
+            }) => self.proc_failure(
                 &info,
                 &proc,
                 FailureCause::ProcExited {
                     proc: proc.clone(),
                     status,
+                    last_lines,
                 },
             ),
             Signal::Proc(ProcEvent::HostLost { host, procs }) => {

@@ -4,7 +4,10 @@
 //!
 //! - `proc`: boots with [`regent_mesh::boot::start_proc`], opens the port
 //!   `ctl[0]#0`, reports ready, and serves: [`Ping`] is answered with
-//!   [`Pong`] (its proc and pid), [`Exit`] exits with a code, [`Panic`]
+//!   [`Pong`] (its proc and pid), [`Burst`] prints lines to stdout,
+//!   [`Exit`] exits with a code (after
+//!   `alloc_proc PROC exits` on stdout and `half a lin` without a newline
+//!   on stderr: the last lines its exit report carries), [`Panic`]
 //!   panics the main thread (exit code 101). With `--ignore-term` it
 //!   ignores SIGTERM (a tokio signal handler replaces the default action).
 //! - `host`: a host agent, `regent host` with the same options
@@ -16,7 +19,7 @@
 
 use regent_mesh::boot::{self, Role};
 use regent_net::Generation;
-use regent_tests::peers::alloc::{Exit, Panic, Ping, Pong};
+use regent_tests::peers::alloc::{Burst, Exit, Panic, Ping, Pong};
 
 fn main() {
     regent_tests::peers::init_peer_tracing();
@@ -69,6 +72,8 @@ async fn serve_proc() -> Result<(), String> {
         .open_port(me.port(0))
         .map_err(|e| e.to_string())?;
     start.report_ready().await.map_err(|e| e.to_string())?;
+    // The host agent hands this line to the owner as a log line.
+    println!("alloc_proc {proc} ready");
     loop {
         let Some(delivery) = inbox.recv().await else {
             return Ok(());
@@ -88,8 +93,20 @@ async fn serve_proc() -> Result<(), String> {
             {
                 eprintln!("alloc_proc {proc}: pong not sent: {}", e.failure);
             }
+        } else if tag == regent_net::TypeTag::of::<Burst>() {
+            let burst = delivery.decode::<Burst>().map_err(|e| e.to_string())?;
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            for i in 0..burst.lines {
+                writeln!(out, "{} {i}", burst.label).map_err(|e| e.to_string())?;
+            }
+            out.flush().map_err(|e| e.to_string())?;
         } else if tag == regent_net::TypeTag::of::<Exit>() {
             let exit = delivery.decode::<Exit>().map_err(|e| e.to_string())?;
+            use std::io::Write as _;
+            println!("alloc_proc {proc} exits");
+            eprint!("half a lin");
+            let _ = std::io::stderr().flush();
             std::process::exit(exit.code);
         } else if tag == regent_net::TypeTag::of::<Panic>() {
             panic!("alloc_proc {proc}: told to panic");

@@ -1,6 +1,7 @@
 //! The proc binary of the mesh suites: the test actors, then `bootstrap()`,
 //! which runs the proc runtime when a host agent starts this binary. With
-//! `RUST_LOG` set, the proc logs to stderr (the test's).
+//! `RUST_LOG` set, the proc logs to stderr (its host agent's pipe, so the
+//! controller's log sink), tagged by member (`logs::ProcStderr`).
 
 // Linking the library registers its actors.
 use regent_tests as _;
@@ -9,7 +10,9 @@ fn main() {
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
+            .with_writer(regent_mesh::logs::ProcStderr)
+            .with_ansi(false)
+            .without_time()
             .init();
     }
     regent_mesh::bootstrap();

@@ -214,7 +214,8 @@ pub enum JobEvent {
         /// The mesh's generation.
         generation: u64,
     },
-    /// The mesh's supervision saw a failure.
+    /// The mesh's supervision saw a failure (when, and the failure's text:
+    /// a dead proc's last lines among it).
     Failure(String),
     /// A step failed and was recovered from.
     Recovered {
@@ -423,6 +424,9 @@ struct Log {
     faults: Vec<(Instant, FaultKind)>,
     /// Failures the supervision saw.
     failures: Vec<Instant>,
+    /// What each of them was (`MeshFailure`'s text: a dead proc's last
+    /// lines among it), in the same order.
+    causes: Vec<String>,
     /// Every failure seen, by the supervision, the step deadline or the
     /// finiteness check (a fault's detection is the first after it).
     seen: Vec<Instant>,
@@ -570,10 +574,11 @@ async fn drive(
         tokio::spawn(async move {
             loop {
                 match failures.recv().await {
-                    Ok(_) => {
+                    Ok(failure) => {
                         let mut l = log.lock().expect("log lock");
                         let now = Instant::now();
                         l.failures.push(now);
+                        l.causes.push(failure.to_string());
                         l.seen.push(now);
                     }
                     // Missed ones still count (as one, seen now).
@@ -581,6 +586,7 @@ async fn drive(
                         let mut l = log.lock().expect("log lock");
                         let now = Instant::now();
                         l.failures.push(now);
+                        l.causes.push("failures missed (the watcher lagged)".into());
                         l.seen.push(now);
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -687,9 +693,12 @@ async fn steps(
                 let l = log.lock().expect("log lock");
                 pending_faults.extend(l.faults[seen_faults..].iter().map(|(t, _)| *t));
                 seen_faults = l.faults.len();
-                for f in &l.failures[failures_seen..] {
+                for (f, cause) in l.failures[failures_seen..]
+                    .iter()
+                    .zip(&l.causes[failures_seen..])
+                {
                     events(JobEvent::Failure(format!(
-                        "failure at +{:.2}s",
+                        "failure at +{:.2}s: {cause}",
                         f.duration_since(l.failures[0]).as_secs_f64()
                     )));
                 }
