@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 // The command's own modules: not part of the `regent` library, so that no
 // user binary links their actors.
+mod admin;
 mod bench;
 mod chaos;
 mod demo;
@@ -66,6 +67,10 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Print a running job's tree of meshes and members (owner, policy,
+    /// generation, state per rank, restarts, last failures), from its
+    /// admin endpoint.
+    Status(admin::StatusOptions),
     /// A supervised data-parallel training job on procs of this binary,
     /// with faults injected on a seeded schedule, then its report.
     Train(train::TrainOptions),
@@ -267,6 +272,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Status(opts) => rt.block_on(admin::status(opts)),
         Command::Train(opts) => {
             if !rt.block_on(train::train(opts))? {
                 anyhow::bail!("the final weights differ from the fault-free reference");
