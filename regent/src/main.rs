@@ -184,6 +184,13 @@ enum ChaosCommand {
         /// kill,pause,loss). Default: all.
         #[arg(long)]
         faults: Option<String>,
+        /// Also write the final report as a self-contained HTML file (the
+        /// timeline of failures and recoveries, the mesh, the report).
+        #[arg(long)]
+        report_html: Option<PathBuf>,
+        /// Each round's fault phase.
+        #[arg(long, default_value = "60s", value_parser = chaos::parse_duration)]
+        round: std::time::Duration,
     },
 }
 
@@ -252,6 +259,8 @@ fn main() -> anyhow::Result<()> {
                     procs,
                     per_proc,
                     faults,
+                    report_html,
+                    round,
                 },
         } => {
             let opts = chaos::SoakOptions {
@@ -263,7 +272,8 @@ fn main() -> anyhow::Result<()> {
                     .map(|f| chaos::parse_faults(&f))
                     .transpose()
                     .map_err(anyhow::Error::msg)?,
-                ..chaos::SoakOptions::default()
+                report_html,
+                round,
             };
             let report = rt.block_on(chaos::soak(opts))?;
             println!("{report}");

@@ -496,3 +496,66 @@ fn the_dashboard_shows_a_killed_rank_fail_and_recover_in_a_real_browser() {
     drop(job);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_chaos_soak_writes_its_report_as_html() {
+    let dir = run_dir("soak");
+    let report = dir.join("soak.html");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_regent"));
+    cmd.args([
+        "chaos",
+        "soak",
+        "--duration",
+        "1s",
+        "--round",
+        "4s",
+        "--seed",
+        "7",
+    ])
+    .args([
+        "--procs",
+        "2",
+        "--per-proc",
+        "1",
+        "--faults",
+        "kill",
+        "--report-html",
+    ])
+    .arg(&report)
+    .env("RUST_LOG", "error")
+    .env("RUST_BACKTRACE", "0");
+    let soak = Group::start(cmd, dir.join("soak.log"));
+    soak.line("  report: ");
+    let html = std::fs::read_to_string(&report).expect("the HTML report");
+    let data = html
+        .split("window.REGENT_DATA = ")
+        .nth(1)
+        .and_then(|d| d.split(";\n").next())
+        .expect("the embedded data");
+    let data: Value = serde_json::from_str(data).expect("JSON data");
+    assert!(
+        data["title"]
+            .as_str()
+            .unwrap()
+            .starts_with("regent chaos soak: seed 7")
+    );
+    let events = data["events"].as_array().expect("the journal");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "failure" && e["detail"].as_str().unwrap().starts_with("killed")),
+        "a killed failure in the timeline: {events:?}\n{}",
+        soak.output()
+    );
+    assert!(
+        events.iter().any(|e| e["kind"] == "recovered"),
+        "{events:?}"
+    );
+    assert!(
+        data["text"].as_str().unwrap().contains("seed 7"),
+        "{}",
+        data["text"]
+    );
+    drop(soak);
+    let _ = std::fs::remove_dir_all(&dir);
+}

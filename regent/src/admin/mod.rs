@@ -293,13 +293,26 @@ impl Admin {
 
     /// Everything the dashboard shows, as a report embeds it.
     pub(crate) fn data(&self, title: &str) -> serde_json::Value {
-        serde_json::json!({
-            "title": title,
-            "status": self.state.rt.snapshot(),
-            "events": self.state.rt.events_since(0),
-            "train": &*self.state.train.lock().expect("train lock"),
-        })
+        let train = self.state.train.lock().expect("train lock").clone();
+        report_data(&self.state.rt, title, Some(&train), None)
     }
+}
+
+/// What a report embeds: `rt`'s snapshot and journal, a training job's
+/// series, and the report in words.
+pub(crate) fn report_data(
+    rt: &Runtime,
+    title: &str,
+    train: Option<&TrainSeries>,
+    text: Option<&str>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "title": title,
+        "status": rt.snapshot(),
+        "events": rt.events_since(0),
+        "train": train,
+        "text": text,
+    })
 }
 
 /// The dashboard page with `data` embedded (no polling): a self-contained
