@@ -73,7 +73,7 @@ enum Command {
     Status(admin::StatusOptions),
     /// A supervised data-parallel training job on procs of this binary,
     /// with faults injected on a seeded schedule, then its report.
-    Train(train::TrainOptions),
+    Train(Box<train::TrainOptions>),
     /// Chaos runs (`regent chaos soak --duration 1h --seed S`).
     Chaos {
         #[command(subcommand)]
@@ -284,7 +284,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Status(opts) => rt.block_on(admin::status(opts)),
         Command::Train(opts) => {
-            if !rt.block_on(train::train(opts))? {
+            if !rt.block_on(train::train(*opts))? {
                 anyhow::bail!("the final weights differ from the fault-free reference");
             }
             Ok(())
