@@ -120,6 +120,7 @@ fn try_status(args: &[&str]) -> Result<String, String> {
     let out = Command::new(env!("CARGO_BIN_EXE_regent"))
         .arg("status")
         .args(args)
+        .env_remove("REGENT_ADMIN_TOKEN")
         .output()
         .expect("run regent status");
     if out.status.success() {
@@ -263,6 +264,40 @@ fn status_and_metrics_of_a_job_whose_procs_are_killed() {
         metric(&metrics, "regent_detection_seconds_count").is_some_and(|c| c >= 1.0),
         "{metrics}"
     );
+    drop(job);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn off_loopback_the_endpoint_wants_the_token_from_its_private_file() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = run_dir("token");
+    let job = train(&dir, "5s", &["--admin", "0.0.0.0:0"]);
+    let url = job.line("dashboard: ");
+    let port = url
+        .strip_prefix("http://0.0.0.0:")
+        .and_then(|u| u.split('/').next())
+        .expect("the port in the link")
+        .to_owned();
+    let token_file = dir.join("run").join("admin.token");
+    let token = std::fs::read_to_string(&token_file).expect("the token file");
+    assert!(url.ends_with(&format!("?token={}", token.trim())), "{url}");
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "only its user reads the token");
+    let addr = format!("127.0.0.1:{port}");
+    let nowhere = dir.join("nowhere");
+    let refused = try_status(&[&addr, "--run-dir", nowhere.to_str().unwrap()]).unwrap_err();
+    assert!(refused.contains("401"), "{refused}");
+    let wrong = dir.join("wrong.token");
+    std::fs::write(&wrong, "0".repeat(64)).unwrap();
+    let refused = try_status(&[&addr, "--token-file", wrong.to_str().unwrap()]).unwrap_err();
+    assert!(refused.contains("401"), "{refused}");
+    let tree = status(&[&addr, "--token-file", token_file.to_str().unwrap()]);
+    assert!(tree.contains("controller quic://"), "{tree}");
+    // The run directory's token is found without a flag.
+    let run = dir.join("run");
+    let metrics = status(&["--run-dir", run.to_str().unwrap(), "--metrics"]);
+    assert!(metrics.contains("regent_casts_total"), "{metrics}");
     drop(job);
     let _ = std::fs::remove_dir_all(&dir);
 }
