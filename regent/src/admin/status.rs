@@ -114,7 +114,7 @@ pub(crate) async fn status(opts: StatusOptions) -> anyhow::Result<()> {
         print!("{}", String::from_utf8_lossy(&body));
         return Ok(());
     }
-    let snapshot: RuntimeSnapshot = serde_json::from_slice(&body)
+    let snapshot = parse(&body)
         .map_err(|e| anyhow::anyhow!("{addr} answered something that is not a status: {e}"))?;
     if opts.json {
         println!("{}", serde_json::to_string_pretty(&snapshot)?);
@@ -122,6 +122,12 @@ pub(crate) async fn status(opts: StatusOptions) -> anyhow::Result<()> {
         print!("{}", tree(&snapshot));
     }
     Ok(())
+}
+
+/// Decodes an endpoint's answer to `/api/status` (outside bytes: any input
+/// gets a snapshot or an error).
+pub(crate) fn parse(body: &[u8]) -> Result<RuntimeSnapshot, serde_json::Error> {
+    serde_json::from_slice(body)
 }
 
 fn secs(ms: u64) -> String {
@@ -152,14 +158,31 @@ pub(crate) fn tree(s: &RuntimeSnapshot) -> String {
     if roots.is_empty() {
         let _ = writeln!(out, "  (no live meshes)");
     }
+    let mut printed = vec![false; s.meshes.len()];
     for m in roots {
-        mesh(&mut out, s, m, 1);
+        mesh(&mut out, s, m, 1, &mut printed);
     }
     out
 }
 
-fn mesh(out: &mut String, s: &RuntimeSnapshot, m: &MeshSnapshot, depth: usize) {
+/// How deep the tree is printed (a controller's meshes nest a few levels;
+/// an answer with repeated ids could nest forever).
+const MAX_DEPTH: usize = 16;
+
+/// Prints `m` and the meshes it owns, each mesh of the snapshot at most
+/// once (an answer with repeated ids could otherwise print without end).
+fn mesh(
+    out: &mut String,
+    s: &RuntimeSnapshot,
+    m: &MeshSnapshot,
+    depth: usize,
+    printed: &mut [bool],
+) {
     let pad = "  ".repeat(depth);
+    if depth > MAX_DEPTH {
+        let _ = writeln!(out, "{pad}…");
+        return;
+    }
     let owner = match m.owner {
         Some((o, r)) => format!("mesh {o} rank {r}"),
         None => "the controller".into(),
@@ -187,12 +210,11 @@ fn mesh(out: &mut String, s: &RuntimeSnapshot, m: &MeshSnapshot, depth: usize) {
             );
         }
     }
-    for child in s
-        .meshes
-        .iter()
-        .filter(|c| c.owner.is_some_and(|(o, _)| o == m.id))
-    {
-        mesh(out, s, child, depth + 1);
+    for (i, child) in s.meshes.iter().enumerate() {
+        if child.owner.is_some_and(|(o, _)| o == m.id) && !printed[i] {
+            printed[i] = true;
+            mesh(out, s, child, depth + 1, printed);
+        }
     }
 }
 
@@ -222,6 +244,39 @@ mod tests {
                 cause: "proc p0-0 exited: signal 9".into(),
                 generation: 1,
             }],
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_answer_decodes_to_a_snapshot_or_an_error(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            if let Ok(s) = parse(&bytes) {
+                let _ = tree(&s);
+            }
+        }
+
+        #[test]
+        fn snapshots_round_trip_and_print_whatever_their_owners(
+            meshes in proptest::collection::vec((0u64..4, proptest::option::of((0u64..4, 0u32..3))), 0..6),
+            uptime in 0u64..1_000_000,
+        ) {
+            // Ids may repeat and owners form cycles: a peer's answer need
+            // not be a controller's.
+            let s = RuntimeSnapshot {
+                controller: "quic://c".into(),
+                uptime_ms: uptime,
+                meshes: meshes.iter().map(|(id, o)| m(*id, *o)).collect(),
+                job_failure: None,
+            };
+            let json = serde_json::to_vec(&s).unwrap();
+            let back = parse(&json).unwrap();
+            proptest::prop_assert_eq!(&back, &s);
+            let t = tree(&back);
+            for mesh in s.meshes.iter().filter(|m| m.owner.is_none()) {
+                let line = format!("mesh {} (id {})", mesh.name, mesh.id);
+                proptest::prop_assert!(t.contains(&line), "{}", t);
+            }
+            proptest::prop_assert!(t.lines().count() < 10_000);
         }
     }
 
