@@ -225,6 +225,9 @@ pub struct Progress {
     pub generation: u64,
     /// The round's timeline (printed, so that a failing round replays).
     pub schedule: Schedule,
+    /// The controller the run drives (its snapshot, journal and metrics:
+    /// `regent chaos soak --report-html` draws from them).
+    pub runtime: regent_mesh::Runtime,
 }
 
 /// Latency figures.
@@ -1111,6 +1114,7 @@ pub async fn run(
             violations,
             generation: mesh.generation().0,
             schedule,
+            runtime: cluster.runtime().clone(),
         });
         let more = match length {
             Length::Rounds(n) => round < u64::from(n),

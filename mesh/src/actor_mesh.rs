@@ -42,6 +42,9 @@ pub(crate) trait Target: Send + Sync + 'static {
     fn failures(&self) -> broadcast::Receiver<MeshFailure>;
     /// Stops the mesh, if this side may.
     fn stop(&self) -> BoxFuture<'_, Result<(), MeshError>>;
+    /// Counts a cast (`gathers`: a call or reduction) rooted here, where
+    /// this side keeps counts (the controller's metrics).
+    fn count(&self, _gathers: bool) {}
 }
 
 /// How calls and casts retry when members are lost: wait until the mesh
@@ -289,6 +292,7 @@ impl<A: MeshActor> ActorMesh<A> {
         }
         let info = self.target.info();
         let caster = self.target.caster();
+        let collect_kind = collect.clone();
         let frame = cast::frame(
             &info,
             self.view.as_ref(),
@@ -300,6 +304,7 @@ impl<A: MeshActor> ActorMesh<A> {
         )?;
         let shape = frame.view.clone();
         let generation = info.generation;
+        self.target.count(!matches!(collect_kind, Collect::Ack));
         let c = caster.cast(info, frame, wait).await?.unwrap_or_default();
         Ok((shape, c, generation))
     }

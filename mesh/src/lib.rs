@@ -77,5 +77,8 @@ pub use policy::{Decision, FailureCause, MeshFailure, MeshPolicy, MeshStatus};
 pub use protocol::StartKind;
 pub use reducer::{Max, Min, Reducer, Sum};
 pub use runtime::{FailureHook, ProcMesh, Runtime, RuntimeConfig, SpawnOptions, SuperviseHook};
+pub use runtime::{
+    FailureRecord, MeshSnapshot, MetricsRegistry, RankSnapshot, RuntimeEvent, RuntimeSnapshot,
+};
 pub use selection::{ParseError, Selected, Selection, SelectionError};
 pub use shape::{DimName, DimRange, Point, Rank, Shape, ShapeError, Slice};

@@ -32,6 +32,9 @@ pub(crate) struct SoakOptions {
     pub(crate) faults: Option<Vec<FaultKind>>,
     /// What becomes of procs' output.
     pub(crate) logs: regent_mesh::logs::LogMode,
+    /// Also write the report as a self-contained HTML file (the timeline
+    /// of failures and recoveries, the mesh, the report in words).
+    pub(crate) report_html: Option<std::path::PathBuf>,
 }
 
 impl Default for SoakOptions {
@@ -44,6 +47,7 @@ impl Default for SoakOptions {
             round: Duration::from_secs(60),
             faults: None,
             logs: regent_mesh::logs::LogMode::Fold,
+            report_html: None,
         }
     }
 }
@@ -160,7 +164,9 @@ pub(crate) async fn soak(opts: SoakOptions) -> anyhow::Result<Report> {
             .call_timeout(Duration::from_secs(8))
             .logs(regent_mesh::logs::LogConfig::default().mode(opts.logs)),
     );
+    let mut runtime = None;
     let report = run(&scenario, cluster, Length::Duration(opts.duration), |p| {
+        runtime.get_or_insert_with(|| p.runtime.clone());
         bar.set_message(format!(
             "round {}, {} faults, generation {}, {} violation(s)",
             p.rounds, p.faults, p.generation, p.violations
@@ -175,7 +181,15 @@ pub(crate) async fn soak(opts: SoakOptions) -> anyhow::Result<Report> {
     .await;
     ticker.abort();
     bar.finish_and_clear();
-    Ok(report?)
+    let report = report?;
+    if let (Some(path), Some(rt)) = (&opts.report_html, &runtime) {
+        let title = format!("regent chaos soak: seed {seed}, {:?}", opts.duration);
+        let text = report.to_string();
+        let data = crate::admin::report_data(rt, &title, None, Some(&text));
+        crate::admin::write_report(path, &data)?;
+        println!("  report: {}", path.display());
+    }
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 // The command's own modules: not part of the `regent` library, so that no
 // user binary links their actors.
+mod admin;
 mod bench;
 mod chaos;
 mod demo;
@@ -66,9 +67,13 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Print a running job's tree of meshes and members (owner, policy,
+    /// generation, state per rank, restarts, last failures), from its
+    /// admin endpoint.
+    Status(admin::StatusOptions),
     /// A supervised data-parallel training job on procs of this binary,
     /// with faults injected on a seeded schedule, then its report.
-    Train(train::TrainOptions),
+    Train(Box<train::TrainOptions>),
     /// Chaos runs (`regent chaos soak --duration 1h --seed S`).
     Chaos {
         #[command(subcommand)]
@@ -187,6 +192,13 @@ enum ChaosCommand {
         /// once), `all`, `json` (one object a line) or `off`.
         #[arg(long, default_value = "fold")]
         logs: regent_mesh::logs::LogMode,
+        /// Also write the final report as a self-contained HTML file (the
+        /// timeline of failures and recoveries, the mesh, the report).
+        #[arg(long)]
+        report_html: Option<PathBuf>,
+        /// Each round's fault phase.
+        #[arg(long, default_value = "60s", value_parser = chaos::parse_duration)]
+        round: std::time::Duration,
     },
 }
 
@@ -269,6 +281,8 @@ fn main() -> anyhow::Result<()> {
                     per_proc,
                     faults,
                     logs,
+                    report_html,
+                    round,
                 },
         } => {
             let opts = chaos::SoakOptions {
@@ -281,7 +295,8 @@ fn main() -> anyhow::Result<()> {
                     .transpose()
                     .map_err(anyhow::Error::msg)?,
                 logs,
-                ..chaos::SoakOptions::default()
+                report_html,
+                round,
             };
             let report = rt.block_on(chaos::soak(opts))?;
             println!("{report}");
@@ -290,8 +305,9 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Status(opts) => rt.block_on(admin::status(opts)),
         Command::Train(opts) => {
-            if !rt.block_on(train::train(opts))? {
+            if !rt.block_on(train::train(*opts))? {
                 anyhow::bail!("the final weights differ from the fault-free reference");
             }
             Ok(())

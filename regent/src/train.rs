@@ -88,6 +88,9 @@ pub(crate) struct TrainOptions {
     /// proc that dies shows its last lines in its failure either way.
     #[arg(long, default_value = "fold")]
     pub(crate) logs: regent_mesh::logs::LogMode,
+    /// The admin endpoint, the dashboard and the HTML report.
+    #[command(flatten)]
+    pub(crate) admin: crate::admin::AdminOptions,
 }
 
 /// Parses `--chaos`: `KIND[,KIND...][:EVERY]` (kinds `kill`, `pause`,
@@ -190,9 +193,12 @@ fn check_run_dir(dir: &std::path::Path, spec: &JobSpec) -> anyhow::Result<()> {
 
 /// What a run directory may hold: the job's own files (`regent_train::job`
 /// writes checkpoints `ckpt-*`, `latest`, `final.safetensors`, their
-/// temporaries `.*`, and `lock`; this command writes [`JOB_FILE`]).
+/// temporaries `.*`, and `lock`; this command writes [`JOB_FILE`] and the
+/// admin endpoint's address and token).
 fn is_job_file(name: &str) -> bool {
     name == JOB_FILE
+        || name == crate::admin::ADDR_FILE
+        || name == crate::admin::TOKEN_FILE
         || name == "latest"
         || name == "lock"
         || name == "final.safetensors"
@@ -324,6 +330,15 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
     } else {
         JobCluster::local(runtime).await?
     };
+    let runtime = cluster.runtime.clone();
+    let admin = opts.admin.start(&runtime, Some(&opts.run_dir)).await?;
+    if opts.admin.report_html.is_some() && admin.is_none() {
+        anyhow::bail!("--report-html draws from the admin endpoint: not with --admin off");
+    }
+    if let Some(a) = &admin {
+        a.train_started(opts.steps);
+    }
+    let mut best = 0;
     let report = run_job(config, cluster, |e| match e {
         JobEvent::Started { step, parameters } => {
             bar.set_position(step);
@@ -335,8 +350,21 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
             step,
             loss,
             generation,
-            ..
+            time,
         } => {
+            if let Some(a) = &admin {
+                a.step(
+                    crate::admin::StepPoint {
+                        step,
+                        loss,
+                        time_ms: time.as_secs_f64() * 1e3,
+                        at_ms: a.now_ms(),
+                        generation,
+                    },
+                    step > best,
+                );
+            }
+            best = best.max(step);
             let now = std::time::Instant::now();
             steps_seen.push(now);
             steps_seen.retain(|t| now.duration_since(*t) < Duration::from_secs(5));
@@ -373,6 +401,12 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         }
     };
     bar.finish_and_clear();
+    for d in &report.detection {
+        runtime.observe_detection(*d);
+    }
+    if let Some(a) = &admin {
+        a.done();
+    }
     if let Some(c) = chaos_cluster {
         c.shutdown(Duration::from_secs(5)).await;
     }
@@ -409,6 +443,29 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         let text = serde_json::to_string_pretty(&json)?;
         std::fs::write(path, text + "\n")
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    if let (Some(path), Some(a)) = (&opts.admin.report_html, &admin) {
+        let title = format!(
+            "regent train: {} on {} procs, {} steps, faults {}",
+            opts.model,
+            opts.procs,
+            opts.steps,
+            opts.chaos.as_deref().unwrap_or("none")
+        );
+        let mut data = a.data(&title);
+        data["report"] = report_json(&opts, &report, verdict.as_ref());
+        crate::admin::write_report(path, &data)?;
+        println!("  report: {}", path.display());
+    }
+    if let Some(a) = &admin
+        && !opts.admin.linger.is_zero()
+    {
+        println!(
+            "  the dashboard stays up for {:?}: {}",
+            opts.admin.linger,
+            a.url()
+        );
+        tokio::time::sleep(opts.admin.linger).await;
     }
     Ok(!matches!(verdict, Some(Some(_))))
 }

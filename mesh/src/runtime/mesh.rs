@@ -2,12 +2,13 @@
 //! ([`SpawnOptions`]) and what its references share with its supervisor.
 
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tokio::sync::{broadcast, mpsc, watch};
 
+use super::observe::{MeshRecord, MeshSnapshot, Observer, RankSnapshot};
 use super::supervise::Signal;
 use crate::actor_mesh::{ActorMesh, Target};
 use crate::cast::Caster;
@@ -102,11 +103,53 @@ pub(crate) struct MeshShared {
     pub(crate) supervisor: mpsc::Sender<Signal>,
     pub(crate) caster: Arc<Caster>,
     pub(crate) timeout: Duration,
+    /// What snapshots show of it (written by its supervisor).
+    pub(crate) record: Mutex<MeshRecord>,
+    pub(crate) observer: Arc<Observer>,
 }
 
 impl MeshShared {
     pub(crate) fn info(&self) -> Arc<MeshInfo> {
         self.info.read().expect("mesh info lock").clone()
+    }
+
+    /// What a snapshot shows of this mesh now.
+    pub(crate) fn snapshot(&self) -> MeshSnapshot {
+        let info = self.info();
+        let record = self.record.lock().expect("mesh record lock").clone();
+        let status = match &*self.status.borrow() {
+            MeshStatus::Running => "running",
+            MeshStatus::Restarting => "restarting",
+            MeshStatus::Stopped(_) => "stopped",
+            MeshStatus::Escalated(_) => "escalated",
+        };
+        let ranks = (0..info.members())
+            .map(|rank| RankSnapshot {
+                rank,
+                proc: info
+                    .procs
+                    .get((rank / info.per_proc.max(1)) as usize)
+                    .map(|a| a.proc.to_string())
+                    .unwrap_or_default(),
+                state: record
+                    .states
+                    .get(rank as usize)
+                    .copied()
+                    .unwrap_or("running")
+                    .to_owned(),
+            })
+            .collect();
+        MeshSnapshot {
+            id: self.id.0,
+            name: info.name.clone(),
+            owner: record.owner,
+            policy: record.policy.clone(),
+            generation: info.generation.0,
+            status: status.to_owned(),
+            restarts: record.restarts,
+            ranks,
+            last_failures: record.last_failures.into_iter().collect(),
+        }
     }
 
     /// Asks the supervisor to stop the mesh, and waits until it has (at
@@ -150,5 +193,13 @@ impl Target for MeshShared {
             MeshShared::stop(self).await;
             Ok(())
         })
+    }
+
+    fn count(&self, gathers: bool) {
+        if gathers {
+            self.observer.calls.inc();
+        } else {
+            self.observer.casts.inc();
+        }
     }
 }

@@ -15,10 +15,13 @@
 //!   references share with its supervisor).
 //! - `procs`: [`ProcMesh`] and its proc slots (replacement per proc).
 //! - `supervise`: the supervisor of one mesh.
+//! - `observe`: what the controller shows of itself (snapshots, the
+//!   journal of failures and recoveries, metrics).
 
 mod config;
 mod leases;
 pub(crate) mod mesh;
+mod observe;
 mod procs;
 mod routing;
 mod supervise;
@@ -43,7 +46,13 @@ use crate::protocol::{MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody, names
 
 pub use config::RuntimeConfig;
 pub use mesh::{FailureHook, SpawnOptions, SuperviseHook};
+pub use observe::{
+    FailureRecord, MAX_EVENTS, MAX_LAST_FAILURES, MeshSnapshot, RankSnapshot, RuntimeEvent,
+    RuntimeSnapshot, cause_kind,
+};
 pub use procs::{MEMBER_DIM, ProcMesh};
+/// The metrics registry a runtime owns (see [`Runtime::with_registry`]).
+pub use prometheus_client::registry::Registry as MetricsRegistry;
 
 use supervise::Signal;
 
@@ -74,6 +83,10 @@ struct Inner {
     /// Where procs' output lines go.
     logs: Arc<LogSink>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Snapshots' records, the journal and the metrics.
+    observer: Arc<observe::Observer>,
+    /// When the runtime started (tokio's clock): the journal's zero.
+    started: tokio::time::Instant,
 }
 
 impl Drop for Inner {
@@ -189,6 +202,8 @@ impl Runtime {
                 hooked: Mutex::new(Vec::new()),
                 job,
                 tasks: Mutex::new(Vec::new()),
+                observer: Arc::new(observe::Observer::new()),
+                started: tokio::time::Instant::now(),
             }),
         };
         let weak = Arc::downgrade(&rt.inner);
@@ -247,6 +262,59 @@ impl Runtime {
     /// message to one proc): the controller's share of the fan-out.
     pub fn frames_sent(&self) -> u64 {
         self.inner.fabric.commands_sent.load(Ordering::Relaxed)
+    }
+
+    /// The live meshes now: owner, policy, generation, state per rank,
+    /// restarts, last failures (see `docs/semantics.md`, the admin
+    /// endpoint).
+    pub fn snapshot(&self) -> RuntimeSnapshot {
+        let meshes: Vec<Arc<mesh::MeshShared>> = self
+            .inner
+            .meshes
+            .lock()
+            .expect("meshes lock")
+            .values()
+            .cloned()
+            .collect();
+        RuntimeSnapshot {
+            controller: self.addr().to_string(),
+            uptime_ms: self.elapsed_ms(),
+            meshes: meshes.iter().map(|m| m.snapshot()).collect(),
+            job_failure: self.job_failure().map(|f| f.to_string()),
+        }
+    }
+
+    /// The journal's events numbered `seq` or later (the journal keeps the
+    /// last [`MAX_EVENTS`]).
+    pub fn events_since(&self, seq: u64) -> Vec<RuntimeEvent> {
+        self.inner.observer.events_since(seq)
+    }
+
+    /// Every metric of this runtime in the Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        self.inner.observer.render(self.frames_sent())
+    }
+
+    /// Runs `f` on this runtime's metrics registry (to register more
+    /// metrics, e.g. a training job's; names get the `regent_` prefix).
+    pub fn with_registry<T>(&self, f: impl FnOnce(&mut MetricsRegistry) -> T) -> T {
+        self.inner.observer.with_registry(f)
+    }
+
+    /// Records how long the supervision took to see an injected fault (the
+    /// injector knows when it struck): `regent_detection_seconds`.
+    pub fn observe_detection(&self, after: std::time::Duration) {
+        self.inner.observer.detection(after);
+    }
+
+    /// Milliseconds since the runtime started (tokio's clock): the time
+    /// axis of snapshots and of the journal.
+    pub fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.inner.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn observer(&self) -> &Arc<observe::Observer> {
+        &self.inner.observer
     }
 
     /// The failure that escalated past every owner and stopped the job, if

@@ -102,8 +102,16 @@ pub(crate) fn start(setup: Setup) -> Arc<MeshShared> {
         setup.info.procs.iter().map(|a| a.proc.clone()).collect(),
         setup.info.per_proc,
     );
+    let record = super::observe::MeshRecord {
+        owner: setup.options.owner.map(|(m, r)| (m.0, r.0)),
+        policy: format!("{:?}", setup.options.policy),
+        states: vec!["running"; setup.info.members() as usize],
+        ..Default::default()
+    };
     let shared = Arc::new(MeshShared {
         id,
+        record: std::sync::Mutex::new(record),
+        observer: setup.rt.observer().clone(),
         info: RwLock::new(Arc::new(setup.info)),
         status: watch::channel(MeshStatus::Running).0,
         failures: broadcast::channel(FAILURES).0,
@@ -223,6 +231,11 @@ fn escalate(rt: &Runtime, owner: Option<(MeshId, Rank)>, failure: MeshFailure) {
 }
 
 impl Supervisor {
+    /// Updates what snapshots show of the mesh.
+    fn record<T>(&self, f: impl FnOnce(&mut super::observe::MeshRecord) -> T) -> T {
+        f(&mut self.shared.record.lock().expect("mesh record lock"))
+    }
+
     async fn run(mut self) {
         loop {
             let signal = match self.backlog.pop_front() {
@@ -296,6 +309,7 @@ impl Supervisor {
                     cause,
                 } => {
                     self.shared.status.send_replace(MeshStatus::Restarting);
+                    self.record(|r| r.restarting(&ranks.iter().map(|r| r.0).collect::<Vec<_>>()));
                     // The meshes the failed members owned go with them.
                     self.rt.stop_owned(self.shared.id, Some(&ranks)).await;
                     tokio::time::sleep(delay).await;
@@ -318,6 +332,8 @@ impl Supervisor {
                     cause,
                 } => {
                     self.shared.status.send_replace(MeshStatus::Restarting);
+                    let all: Vec<u32> = (0..self.shared.info().members()).collect();
+                    self.record(|r| r.restarting(&all));
                     self.rt.stop_owned(self.shared.id, None).await;
                     self.stop_members().await;
                     tokio::time::sleep(delay).await;
@@ -370,6 +386,13 @@ impl Supervisor {
         match r {
             Ok(()) => {
                 self.shared.status.send_replace(MeshStatus::Running);
+                let at = self.rt.elapsed_ms();
+                let ranks: Vec<u32> = ranks.iter().map(|r| r.0).collect();
+                let after = self.record(|r| r.recovered(&ranks, at));
+                let name = self.shared.info().name.clone();
+                self.shared
+                    .observer
+                    .recovered(&name, ranks, generation.0, after, at);
                 self.tell_owner(false).await;
                 let event = MeshEvent::Restarted {
                     result: Ok(()),
@@ -400,6 +423,9 @@ impl Supervisor {
     /// asks the machine.
     async fn decide(&mut self, failure: MeshFailure, lost: Vec<(u32, ProcId)>) -> Vec<MeshAction> {
         tracing::warn!(%failure, "mesh failure");
+        let at = self.rt.elapsed_ms();
+        self.record(|r| r.failed(&failure, at));
+        self.shared.observer.failure(&failure, at);
         let _ = self.shared.failures.send(failure.clone());
         self.tell_failed(&failure, &lost);
         let mut decision = self.hook.as_ref().and_then(|h| h(&failure));
@@ -489,6 +515,16 @@ impl Supervisor {
     /// Ends the mesh: what it owns stops first, then its status is final
     /// and its owner member's proc learns it is gone.
     async fn finish(&self, status: MeshStatus) {
+        let detail = match &status {
+            MeshStatus::Stopped(None) => "stopped".to_owned(),
+            MeshStatus::Stopped(Some(f)) => format!("stopped after {f}"),
+            MeshStatus::Escalated(f) => format!("escalated {f}"),
+            MeshStatus::Running | MeshStatus::Restarting => String::new(),
+        };
+        let info = self.shared.info();
+        self.shared
+            .observer
+            .stopped(&info.name, detail, info.generation.0, self.rt.elapsed_ms());
         self.rt.stop_owned(self.shared.id, None).await;
         self.shared.status.send_replace(status);
         self.rt.unregister_mesh(self.shared.id);
