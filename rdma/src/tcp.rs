@@ -1,6 +1,10 @@
 //! The tcp backend: the owner serves its registered buffers over mutual TLS
 //! (the cluster CA and proc certificates of `regent-net`), chunked and
-//! pipelined, on one or more connections.
+//! pipelined, on one or more connections. After the handshake, hello and
+//! welcome the connection's TLS keys carry frames of up to 1 MiB
+//! ([`sealed`]) instead of TLS's 16 KiB records: a reader's socket bytes
+//! land in its destination and are opened there, with no copy through
+//! rustls's buffers.
 //!
 //! One-sided from the reader's point of view: the reader's request names
 //! the buffer, range and token, and the owner's serving task (not the
