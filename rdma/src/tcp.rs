@@ -583,9 +583,9 @@ async fn serve_connection(
     let op_timeout = ctx.op_timeout;
     let (io, conn) = tls.into_inner();
     let mut tls = seal(io, conn).map_err(|reason| Error::Protocol {
-            peer: peer_name.clone(),
-            reason,
-        })?;
+        peer: peer_name.clone(),
+        reason,
+    })?;
 
     // A read piece is sealed in place: length, payload, tag.
     let mut frame = vec![0u8; HEAD_BYTES + PIECE_BYTES + TAG_BYTES];
@@ -622,10 +622,16 @@ async fn serve_connection(
                     }
                 };
                 if len == 0 {
-                    let status = region_copy(&region, req.offset as usize, window, Piece::Out(&mut []), op_timeout)
-                        .await
-                        .err()
-                        .unwrap_or(Status::Ok);
+                    let status = region_copy(
+                        &region,
+                        req.offset as usize,
+                        window,
+                        Piece::Out(&mut []),
+                        op_timeout,
+                    )
+                    .await
+                    .err()
+                    .unwrap_or(Status::Ok);
                     send_response(&mut tls, status, 0, op_timeout).await?;
                     continue;
                 }

@@ -999,7 +999,9 @@ fn member_config(ca: &ClusterCa, name: &str, alpn: bool) -> rustls::ClientConfig
 }
 
 /// A raw client's connection after its welcome, on sealed frames.
-fn sealed(tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> crate::tcp::sealed::Sealed {
+fn sealed(
+    tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) -> crate::tcp::sealed::Sealed {
     let (tcp, conn) = tls.into_inner();
     crate::tcp::seal(tokio::io::BufReader::new(tcp), conn).unwrap()
 }

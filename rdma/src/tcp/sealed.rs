@@ -214,7 +214,10 @@ impl Sealed {
             return self.io.write_all(frame).await;
         }
         // One system call for both where the kernel takes them.
-        let mut bufs = [std::io::IoSlice::new(&self.out), std::io::IoSlice::new(frame)];
+        let mut bufs = [
+            std::io::IoSlice::new(&self.out),
+            std::io::IoSlice::new(frame),
+        ];
         let mut slices: &mut [std::io::IoSlice<'_>] = &mut bufs;
         while !slices.is_empty() {
             let n = self.io.write_vectored(slices).await?;

@@ -161,7 +161,12 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
             (BackendKind::Tcp, true, 1, Samples::default()),
         ];
         if bytes >= 64 * MIB {
-            figures.push((BackendKind::Tcp, false, PARALLEL_STREAMS, Samples::default()));
+            figures.push((
+                BackendKind::Tcp,
+                false,
+                PARALLEL_STREAMS,
+                Samples::default(),
+            ));
             figures.push((BackendKind::Tcp, true, PARALLEL_STREAMS, Samples::default()));
         }
         let by = |conns: u32| if conns == 1 { &reader } else { &reader2 };
