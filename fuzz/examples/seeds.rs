@@ -814,4 +814,19 @@ fn rdma(out: &mut Seeds) {
         seeds.push((name.to_owned(), b.to_vec()));
     }
     out.target("rdma_tcp_headers", seeds);
+
+    // Sealed frames (rdma/src/tcp/sealed.rs) of the fuzzing key: a request
+    // and a response header as their connections send them, and a piece of
+    // data; each is checked to open to its payload.
+    let mut seeds = Vec::new();
+    for (name, payload) in [
+        ("frame-request", request(1, 4096, 7, 0, 0).to_vec()),
+        ("frame-response", response(0, 4096).to_vec()),
+        ("frame-data", (0..4096u32).map(|i| i as u8).collect::<Vec<u8>>()),
+    ] {
+        let wire = regent_rdma::fuzz_tcp_seal(&payload).expect("a frame");
+        assert_eq!(regent_rdma::fuzz_tcp_open(&wire), Some(payload), "{name}");
+        seeds.push((name.to_owned(), wire));
+    }
+    out.target("rdma_tcp_frames", seeds);
 }

@@ -100,7 +100,10 @@ pub use manager::{
 pub use memory::{MEMFD_NAME_PREFIX, Memory};
 pub use tcp::TcpLoad;
 pub use verbs::available as ibverbs_available;
-// The fuzzing entry points of the tcp backend's headers (fuzz/), not API.
+// The fuzzing entry points of the tcp backend's frames and headers (fuzz/),
+// not API.
+#[doc(hidden)]
+pub use tcp::sealed::{fuzz_open as fuzz_tcp_open, fuzz_seal as fuzz_tcp_seal};
 #[doc(hidden)]
 pub use tcp::wire::{fuzz_request as fuzz_tcp_request, fuzz_response as fuzz_tcp_response};
 

@@ -1,6 +1,10 @@
 //! The tcp backend: the owner serves its registered buffers over mutual TLS
 //! (the cluster CA and proc certificates of `regent-net`), chunked and
-//! pipelined, on one or more connections.
+//! pipelined, on one or more connections. After the handshake, hello and
+//! welcome the connection's TLS keys carry frames of up to 1 MiB
+//! ([`sealed`]) instead of TLS's 16 KiB records: a reader's socket bytes
+//! land in its destination and are opened there, with no copy through
+//! rustls's buffers.
 //!
 //! One-sided from the reader's point of view: the reader's request names
 //! the buffer, range and token, and the owner's serving task (not the
@@ -17,6 +21,7 @@
 //! bounded (`MAX_TCP_CHUNK_BYTES`) and land only in registered, in-range
 //! regions.
 
+pub(crate) mod sealed;
 pub(crate) mod wire;
 
 use std::collections::HashMap;
@@ -26,7 +31,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use regent_net::{ProcCredentials, ProcId};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinSet};
@@ -39,14 +44,17 @@ use crate::error::Error;
 use crate::handle::{BufferId, RemoteBuffer, Token};
 use crate::memory::Region;
 use crate::verbs::{self, QP_ENDPOINT_BYTES, QpEndpoint};
+use sealed::{HEAD_BYTES, MAX_FRAME_BYTES, Sealed, TAG_BYTES};
 use wire::{
     ALPN, HELLO_MAGIC, Op, REQUEST_BYTES, RESPONSE_BYTES, Request, Response, Status, WELCOME_BUSY,
     WELCOME_OK, WELCOME_REFUSED, token_eq,
 };
 
-/// Bytes the server copies out of (or into) a buffer per step: small enough
-/// to stay in cache between the copy and TLS.
-const SERVER_PIECE_BYTES: usize = 256 << 10;
+/// Bytes per sealed frame of data, and per copy out of (or into) a buffer
+/// by the server: small enough to stay in cache between the copy and the
+/// encryption.
+const PIECE_BYTES: usize = 256 << 10;
+const _: () = assert!(PIECE_BYTES <= MAX_FRAME_BYTES);
 /// Queue pairs one connection may set up.
 const MAX_QPS_PER_CONNECTION: usize = 4;
 
@@ -92,6 +100,9 @@ impl Registry {
 fn tls_configs(creds: &ProcCredentials) -> Result<(TlsAcceptor, TlsConnector), Error> {
     let mut server = creds.server_config()?;
     server.alpn_protocols = vec![ALPN.to_vec()];
+    // After the welcome the connection's frames are sealed with its TLS
+    // keys by this crate (`sealed`).
+    server.enable_secret_extraction = true;
     Ok((
         TlsAcceptor::from(Arc::new(server)),
         TlsConnector::from(Arc::new(client_config(creds)?)),
@@ -135,6 +146,7 @@ fn client_config(creds: &ProcCredentials) -> Result<rustls::ClientConfig, Error>
         .with_client_auth_cert(creds.chain().to_vec(), key)
         .map_err(tls_err("client certificate"))?;
     config.alpn_protocols = vec![ALPN.to_vec()];
+    config.enable_secret_extraction = true;
     Ok(config)
 }
 
@@ -445,6 +457,20 @@ async fn within<T>(
 
 type ServerTls = tokio_rustls::server::TlsStream<Socket>;
 
+/// Hands a connection whose handshake, hello and welcome are done over to
+/// the sealed frames, with its TLS keys and sequence numbers.
+pub(crate) fn seal(io: Socket, conn: impl Into<rustls::Connection>) -> Result<Sealed, String> {
+    let mut conn = conn.into();
+    let state = conn.process_new_packets().map_err(|e| e.to_string())?;
+    if state.plaintext_bytes_to_read() != 0 {
+        return Err("bytes after the hello or welcome, before the first frame".into());
+    }
+    let secrets = conn
+        .dangerous_extract_secrets()
+        .map_err(|e| format!("take the TLS keys: {e}"))?;
+    Sealed::new(io, secrets)
+}
+
 /// TLS, the ALPN, the hello and the identity check: the client's proc.
 async fn handshake(
     tcp: TcpStream,
@@ -463,7 +489,7 @@ async fn handshake(
     // rustls refuses a client whose ALPN list lacks ours, but lets one
     // through that offers none: it is not speaking this protocol.
     if tls.get_ref().1.alpn_protocol() != Some(ALPN) {
-        return Err(refused("the client offered no ALPN regent-rdma/1".into()));
+        return Err(refused("the client offered no ALPN regent-rdma/2".into()));
     }
     // Hello: the proc the client claims to be, checked against its
     // (chain-verified) certificate.
@@ -555,17 +581,23 @@ async fn serve_connection(
     tracing::debug!(%peer, client = %claimed, "rdma tcp client accepted");
     let peer_name = claimed.to_string();
     let op_timeout = ctx.op_timeout;
+    let (io, conn) = tls.into_inner();
+    let mut tls = seal(io, conn).map_err(|reason| Error::Protocol {
+        peer: peer_name.clone(),
+        reason,
+    })?;
 
-    let mut piece = vec![0u8; SERVER_PIECE_BYTES];
+    // A read piece is sealed in place: length, payload, tag.
+    let mut frame = vec![0u8; HEAD_BYTES + PIECE_BYTES + TAG_BYTES];
+    let mut piece = vec![0u8; PIECE_BYTES];
     let mut qps = Vec::new();
     loop {
-        let mut hdr = [0u8; REQUEST_BYTES];
-        match timeout(ctx.idle_timeout, tls.read_exact(&mut hdr)).await {
-            Err(_) => return Ok(()), // idle: close
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+        match timeout(ctx.idle_timeout, tls.at_eof()).await {
+            Err(_) | Ok(Ok(true)) => return Ok(()), // idle or closed: close
             Ok(Err(e)) => return Err(Error::io("read request")(e)),
-            Ok(Ok(_)) => {}
+            Ok(Ok(false)) => {}
         }
+        let hdr = within(op_timeout, "read request", tls.recv_msg::<REQUEST_BYTES>()).await?;
         let req = Request::decode(&hdr).map_err(|reason| Error::Protocol {
             peer: peer_name.clone(),
             reason,
@@ -582,7 +614,6 @@ async fn serve_connection(
             Op::Read => {
                 let len = req.len_bytes as usize;
                 // The first piece decides the answer: refused, or the bytes.
-                let first = len.min(piece.len());
                 let region = match ctx.registry.lookup(&req) {
                     Ok(region) => region,
                     Err(status) => {
@@ -590,44 +621,59 @@ async fn serve_connection(
                         continue;
                     }
                 };
-                let at = req.offset as usize;
-                if let Err(status) = region_copy(
-                    &region,
-                    at,
-                    window,
-                    Piece::Out(&mut piece[..first]),
-                    op_timeout,
-                )
-                .await
-                {
+                if len == 0 {
+                    let status = region_copy(
+                        &region,
+                        req.offset as usize,
+                        window,
+                        Piece::Out(&mut []),
+                        op_timeout,
+                    )
+                    .await
+                    .err()
+                    .unwrap_or(Status::Ok);
                     send_response(&mut tls, status, 0, op_timeout).await?;
                     continue;
                 }
-                send_header(&mut tls, Status::Ok, req.len_bytes, op_timeout).await?;
-                within(op_timeout, "send read data", tls.write_all(&piece[..first])).await?;
-                let mut done = first;
+                let mut done = 0;
                 while done < len {
-                    let n = (len - done).min(piece.len());
+                    let n = (len - done).min(PIECE_BYTES);
                     let at = req.offset as usize + done;
-                    if let Err(status) =
-                        region_copy(&region, at, window, Piece::Out(&mut piece[..n]), op_timeout)
-                            .await
-                    {
-                        // The bytes were promised and may not be read now
-                        // (closed or released mid-request): the stream
-                        // cannot stay in step, so it ends.
-                        return Err(Error::Protocol {
-                            peer: peer_name,
-                            reason: format!(
-                                "read of {} refused mid-request ({status:?})",
-                                req.buffer
-                            ),
-                        });
+                    let piece = &mut frame[..HEAD_BYTES + n + TAG_BYTES];
+                    let copied = region_copy(
+                        &region,
+                        at,
+                        window,
+                        Piece::Out(&mut piece[HEAD_BYTES..HEAD_BYTES + n]),
+                        op_timeout,
+                    )
+                    .await;
+                    match copied {
+                        Ok(()) if done == 0 => {
+                            queue_header(&mut tls, Status::Ok, req.len_bytes)?;
+                        }
+                        Ok(()) => {}
+                        Err(status) if done == 0 => {
+                            send_response(&mut tls, status, 0, op_timeout).await?;
+                            break;
+                        }
+                        Err(status) => {
+                            // The bytes were promised and may not be read
+                            // now (closed or released mid-request): the
+                            // stream cannot stay in step, so it ends.
+                            return Err(Error::Protocol {
+                                peer: peer_name,
+                                reason: format!(
+                                    "read of {} refused mid-request ({status:?})",
+                                    req.buffer
+                                ),
+                            });
+                        }
                     }
-                    within(op_timeout, "send read data", tls.write_all(&piece[..n])).await?;
+                    // Header (first piece) and sealed piece in one write.
+                    within(op_timeout, "send read data", tls.send(piece)).await?;
                     done += n;
                 }
-                within(op_timeout, "send read data", tls.flush()).await?;
             }
             Op::Write => {
                 let target = ctx.registry.lookup(&req);
@@ -635,8 +681,10 @@ async fn serve_connection(
                 let len = req.len_bytes as usize;
                 let mut done = 0usize;
                 while done < len {
-                    let n = (len - done).min(piece.len());
-                    timeout(ctx.idle_timeout, tls.read_exact(&mut piece[..n]))
+                    let room = (len - done).min(piece.len());
+                    // Opened in the piece buffer, never in the region: only
+                    // authenticated bytes land there.
+                    let n = timeout(ctx.idle_timeout, tls.recv_into(&mut piece[..room]))
                         .await
                         .map_err(|_| Error::Timeout {
                             what: "write payload",
@@ -670,8 +718,12 @@ async fn serve_connection(
                         reason: "verbs endpoint of the wrong size".into(),
                     });
                 }
-                let mut ep = [0u8; QP_ENDPOINT_BYTES];
-                within(op_timeout, "read verbs endpoint", tls.read_exact(&mut ep)).await?;
+                let ep = within(
+                    op_timeout,
+                    "read verbs endpoint",
+                    tls.recv_msg::<QP_ENDPOINT_BYTES>(),
+                )
+                .await?;
                 let client = QpEndpoint::decode(&ep);
                 let answer = match (&ctx.verbs, qps.len() < MAX_QPS_PER_CONNECTION) {
                     (None, _) => Err(Status::Unsupported),
@@ -685,10 +737,9 @@ async fn serve_connection(
                     Ok((qp, mine)) => {
                         // The queue pair lives as long as this connection.
                         qps.push(qp);
-                        send_header(&mut tls, Status::Ok, QP_ENDPOINT_BYTES as u32, op_timeout)
-                            .await?;
+                        queue_header(&mut tls, Status::Ok, QP_ENDPOINT_BYTES as u32)?;
                         within(op_timeout, "send verbs endpoint", async {
-                            tls.write_all(&mine.encode()).await?;
+                            tls.queue(&mine.encode())?;
                             tls.flush().await
                         })
                         .await?;
@@ -749,32 +800,27 @@ async fn region_copy(
     }
 }
 
-async fn send_header<S: AsyncWrite + Unpin>(
-    s: &mut S,
-    status: Status,
-    len: u32,
-    deadline: Duration,
-) -> Result<(), Error> {
+fn queue_header(s: &mut Sealed, status: Status, len: u32) -> Result<(), Error> {
     let r = Response {
         status,
         len_bytes: len,
     };
-    within(deadline, "send response", s.write_all(&r.encode())).await
+    s.queue(&r.encode()).map_err(Error::io("send response"))
 }
 
-async fn send_response<S: AsyncWrite + Unpin>(
-    s: &mut S,
+async fn send_response(
+    s: &mut Sealed,
     status: Status,
     len: u32,
     deadline: Duration,
 ) -> Result<(), Error> {
-    send_header(s, status, len, deadline).await?;
+    queue_header(s, status, len)?;
     within(deadline, "send response", s.flush()).await
 }
 
 /// One authenticated connection to an owner.
 pub(crate) struct Conn {
-    stream: tokio_rustls::client::TlsStream<Socket>,
+    stream: Sealed,
     last_used: Instant,
 }
 
@@ -897,8 +943,13 @@ impl TcpClient {
             }
             _ => return Err(refused("the owner refused our identity".into())),
         }
+        let (io, conn) = tls.into_inner();
+        let stream = seal(io, conn).map_err(|reason| Error::Protocol {
+            peer: owner.to_string(),
+            reason,
+        })?;
         Ok(Conn {
-            stream: tls,
+            stream,
             last_used: Instant::now(),
         })
     }
@@ -914,7 +965,12 @@ impl TcpClient {
         let mut conns = {
             let mut pool = self.lock_pool();
             let list = pool.entry((owner.clone(), addr)).or_default();
-            list.retain(|c| c.last_used.elapsed() < self.reuse_within);
+            // Retired at half their keys' limit, so an operation never
+            // runs into it.
+            list.retain(|c| {
+                c.last_used.elapsed() < self.reuse_within
+                    && c.stream.used() < sealed::KEY_LIMIT_BYTES / 2
+            });
             let keep = list.len().saturating_sub(n);
             list.split_off(keep)
         };
@@ -1057,7 +1113,8 @@ impl TcpClient {
                 while sent < heads.len() && sent < i + self.window {
                     let (at, len) = heads[sent];
                     let req = Self::request(remote, Op::Read, at, len);
-                    self.send(&link, "send request", s.write_all(&req)).await?;
+                    s.queue(&req)
+                        .map_err(|e| link(format!("send request: {e}")))?;
                     sent += 1;
                 }
                 self.send(&link, "send request", s.flush()).await?;
@@ -1078,13 +1135,17 @@ impl TcpClient {
                     continue;
                 }
             }
-            timeout(self.op_timeout, s.read_exact(buf))
-                .await
-                .map_err(|_| Error::Timeout {
-                    what: "rdma tcp read chunk",
-                    after: self.op_timeout,
-                })?
-                .map_err(|e| link(format!("receive data: {e}")))?;
+            // Each frame lands in `buf` and is opened there.
+            let mut got = 0;
+            while got < buf.len() {
+                got += timeout(self.op_timeout, s.recv_into(&mut buf[got..]))
+                    .await
+                    .map_err(|_| Error::Timeout {
+                        what: "rdma tcp read chunk",
+                        after: self.op_timeout,
+                    })?
+                    .map_err(|e| link(format!("receive data: {e}")))?;
+            }
         }
         first.map_or(Ok(()), Err)
     }
@@ -1101,17 +1162,20 @@ impl TcpClient {
         let s = &mut conn.stream;
         let mut sent = 0;
         let mut first = None;
+        let mut frame = vec![0u8; HEAD_BYTES + PIECE_BYTES.min(self.chunk_bytes) + TAG_BYTES];
         for i in 0..heads.len() {
-            if sent < heads.len() && sent < i + self.window {
-                while sent < heads.len() && sent < i + self.window {
-                    let (at, len) = heads[sent];
-                    let req = Self::request(remote, Op::Write, at, len);
-                    self.send(&link, "send request", s.write_all(&req)).await?;
-                    self.send(&link, "send data", s.write_all(job.chunks[sent].1))
-                        .await?;
-                    sent += 1;
+            while sent < heads.len() && sent < i + self.window {
+                let (at, len) = heads[sent];
+                let req = Self::request(remote, Op::Write, at, len);
+                s.queue(&req)
+                    .map_err(|e| link(format!("send request: {e}")))?;
+                // Sealed piece by piece (the first with the request).
+                for piece in job.chunks[sent].1.chunks(PIECE_BYTES) {
+                    let f = &mut frame[..HEAD_BYTES + piece.len() + TAG_BYTES];
+                    f[HEAD_BYTES..HEAD_BYTES + piece.len()].copy_from_slice(piece);
+                    self.send(&link, "send data", s.send(f)).await?;
                 }
-                self.send(&link, "send data", s.flush()).await?;
+                sent += 1;
             }
             let resp = self.response(s, remote, addr, heads[i]).await?;
             if resp.status != Status::Ok {
@@ -1121,15 +1185,14 @@ impl TcpClient {
         first.map_or(Ok(()), Err)
     }
 
-    async fn response<S: AsyncRead + Unpin>(
+    async fn response(
         &self,
-        s: &mut S,
+        s: &mut Sealed,
         remote: &RemoteBuffer,
         addr: SocketAddr,
         _chunk: (u64, usize),
     ) -> Result<Response, Error> {
-        let mut b = [0u8; RESPONSE_BYTES];
-        timeout(self.op_timeout, s.read_exact(&mut b))
+        let b = timeout(self.op_timeout, s.recv_msg::<RESPONSE_BYTES>())
             .await
             .map_err(|_| Error::Timeout {
                 what: "rdma tcp response",
@@ -1170,8 +1233,8 @@ impl TcpClient {
             window: None,
         };
         self.send(&link, "send verbs endpoint", async {
-            s.write_all(&req.encode()).await?;
-            s.write_all(&mine.encode()).await?;
+            s.queue(&req.encode())?;
+            s.queue(&mine.encode())?;
             s.flush().await
         })
         .await?;
@@ -1185,8 +1248,7 @@ impl TcpClient {
                 ),
             });
         }
-        let mut ep = [0u8; QP_ENDPOINT_BYTES];
-        timeout(self.op_timeout, s.read_exact(&mut ep))
+        let ep = timeout(self.op_timeout, s.recv_msg::<QP_ENDPOINT_BYTES>())
             .await
             .map_err(|_| Error::Timeout {
                 what: "verbs endpoint",

@@ -19,7 +19,7 @@ use crate::handle::{BufferId, Token};
 
 /// The ALPN protocol of the tcp backend (the control plane uses another,
 /// so neither side mistakes one for the other).
-pub(crate) const ALPN: &[u8] = b"regent-rdma/1";
+pub(crate) const ALPN: &[u8] = b"regent-rdma/2";
 pub(crate) const HELLO_MAGIC: [u8; 4] = *b"RGR1";
 pub(crate) const REQUEST_BYTES: usize = 44;
 pub(crate) const RESPONSE_BYTES: usize = 8;

@@ -8,6 +8,9 @@
 //! - `tcp_{read,write}_<size>_vs_raw` against a raw loopback TCP stream of
 //!   the same size between the same two processes, plain tokio sockets
 //!   (`tcp_raw_{read,write}_<size>`);
+//! - for 64 MiB and up, the same tcp figures with two connections per
+//!   operation (`tcp_{read,write}_<size>_2conns`, parallel streams each
+//!   carrying every other chunk), against the same baselines;
 //! - `ctrl_rtt_during_1GiB_copy` (also with `--quick`): the longest
 //!   control round trip (a small TCP echo on the reader's runtime) while a
 //!   task of that runtime reads 1 GiB through shm, against the longest over
@@ -46,6 +49,8 @@ const DEADLINE: Duration = Duration::from_secs(120);
 const MIB: usize = 1 << 20;
 /// Rounds that interleave figures and baselines.
 const ROUNDS: usize = 3;
+/// Connections per operation of the parallel-streams figures.
+const PARALLEL_STREAMS: u32 = 2;
 /// The raw TCP stream's write and read size.
 const RAW_CHUNK_BYTES: usize = 4 * MIB;
 
@@ -120,6 +125,20 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     };
 
     let reader = BufferManager::start(ManagerConfig::default(), reader_creds).await?;
+    // Parallel streams: the same reader's proc with two connections per
+    // operation (`tcp_connections`), for the large sizes.
+    let reader2 = BufferManager::start(
+        ManagerConfig {
+            tcp_connections: std::num::NonZeroU32::new(PARALLEL_STREAMS).expect("nonzero"),
+            ..ManagerConfig::default()
+        },
+        ca.issue(
+            &ProcId::new(READER)?,
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )?,
+    )
+    .await?;
     let mut raw = TcpStream::connect(raw_addr).await?;
     raw.set_nodelay(true)?;
 
@@ -134,17 +153,28 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         let n = ops_per_round(bytes, opts.quick);
 
         let mut memcpy = Samples::default();
-        let mut figures: [(BackendKind, bool, Samples); 4] = [
-            (BackendKind::Shm, false, Samples::default()),
-            (BackendKind::Shm, true, Samples::default()),
-            (BackendKind::Tcp, false, Samples::default()),
-            (BackendKind::Tcp, true, Samples::default()),
+        // (backend, write, tcp connections, samples)
+        let mut figures: Vec<(BackendKind, bool, u32, Samples)> = vec![
+            (BackendKind::Shm, false, 1, Samples::default()),
+            (BackendKind::Shm, true, 1, Samples::default()),
+            (BackendKind::Tcp, false, 1, Samples::default()),
+            (BackendKind::Tcp, true, 1, Samples::default()),
         ];
+        if bytes >= 64 * MIB {
+            figures.push((
+                BackendKind::Tcp,
+                false,
+                PARALLEL_STREAMS,
+                Samples::default(),
+            ));
+            figures.push((BackendKind::Tcp, true, PARALLEL_STREAMS, Samples::default()));
+        }
+        let by = |conns: u32| if conns == 1 { &reader } else { &reader2 };
         let mut raw_read = Samples::default();
         let mut raw_write = Samples::default();
         // Warm up: map the segment, open the connections.
-        for (kind, write, _) in &figures {
-            transfer(&reader, &handle, *kind, *write, &mut local).await?;
+        for (kind, write, conns, _) in &figures {
+            transfer(by(*conns), &handle, *kind, *write, &mut local).await?;
         }
         raw_transfer(&mut raw, false, local.as_mut_slice()?).await?;
         raw_transfer(&mut raw, true, local.as_mut_slice()?).await?;
@@ -156,10 +186,10 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
                 memcpy.0.push(t.elapsed());
             }
             std::hint::black_box(&dst[..]);
-            for (kind, write, samples) in &mut figures {
+            for (kind, write, conns, samples) in &mut figures {
                 for _ in 0..n {
                     let t = Instant::now();
-                    transfer(&reader, &handle, *kind, *write, &mut local).await?;
+                    transfer(by(*conns), &handle, *kind, *write, &mut local).await?;
                     samples.0.push(t.elapsed());
                 }
                 if *kind == BackendKind::Tcp {
@@ -179,9 +209,14 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         let memcpy_rate = memcpy.rate(bytes);
         let memcpy_name = format!("memcpy_{name}");
         let (raw_read_rate, raw_write_rate) = (raw_read.rate(bytes), raw_write.rate(bytes));
-        for (kind, write, samples) in &mut figures {
+        for (kind, write, conns, samples) in &mut figures {
             let op = if *write { "write" } else { "read" };
             let rate = samples.rate(bytes);
+            let name = if *conns == 1 {
+                name.clone()
+            } else {
+                format!("{name}_{conns}conns")
+            };
             report.push(
                 Figure::new(SUITE, &format!("{kind}_{op}_{name}"), rate, "GB/s").against(
                     &memcpy_name,
@@ -197,7 +232,7 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
                 };
                 report.push(
                     Figure::new(SUITE, &format!("tcp_{op}_{name}_vs_raw"), rate, "GB/s").against(
-                        &format!("tcp_raw_{op}_{name}"),
+                        &format!("tcp_raw_{op}_{}", size_name(bytes)),
                         raw_rate,
                         "GB/s",
                     ),
