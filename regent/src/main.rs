@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 // The command's own modules: not part of the `regent` library, so that no
 // user binary links their actors.
 mod admin;
+mod args;
 mod bench;
 mod chaos;
 mod demo;
@@ -172,7 +173,7 @@ enum ChaosCommand {
     /// non-zero on any violation.
     Soak {
         /// How long (e.g. 1h, 30m, 90s).
-        #[arg(long, default_value = "1h", value_parser = chaos::parse_duration)]
+        #[arg(long, default_value = "1h", value_parser = args::parse_duration)]
         duration: std::time::Duration,
         /// The seed (decimal or 0x hex); the same seed replays the same
         /// fault timelines. Default: a fresh one, printed.
@@ -197,7 +198,7 @@ enum ChaosCommand {
         #[arg(long)]
         report_html: Option<PathBuf>,
         /// Each round's fault phase.
-        #[arg(long, default_value = "60s", value_parser = chaos::parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = args::parse_duration)]
         round: std::time::Duration,
     },
 }

@@ -63,7 +63,7 @@ pub(crate) struct TrainOptions {
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
     /// A step that takes longer fails (its hung ranks are replaced).
-    #[arg(long, default_value = "20s", value_parser = crate::chaos::parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = crate::args::parse_duration)]
     pub(crate) step_timeout: Duration,
     /// What a step with a non-finite loss or mean gradient does: `skip`
     /// (every rank drops it; the report lists it) or `restore` (every
@@ -97,7 +97,7 @@ pub(crate) struct TrainOptions {
 /// `partition`, `nan`; `EVERY` like `15s`, `500ms`; default 15 s).
 pub(crate) fn parse_chaos(text: &str, seed: u64, until_step: u64) -> Result<FaultPlan, String> {
     let (kinds, every) = match text.split_once(':') {
-        Some((k, e)) => (k, crate::chaos::parse_duration(e)?),
+        Some((k, e)) => (k, crate::args::parse_duration(e)?),
         None => (text, Duration::from_secs(15)),
     };
     if every < Duration::from_millis(100) {

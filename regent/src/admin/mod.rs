@@ -414,7 +414,7 @@ pub(crate) struct AdminOptions {
     pub(crate) admin_token_file: Option<PathBuf>,
     /// Keep the admin endpoint up this long after the report (e.g. `30s`),
     /// to look at the final state.
-    #[arg(long, default_value = "0s", value_parser = crate::chaos::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = crate::args::parse_duration)]
     pub(crate) linger: Duration,
     /// Also write the final report as a self-contained HTML file (the
     /// dashboard's plots, the data embedded).
