@@ -268,14 +268,7 @@ impl Runtime {
     /// restarts, last failures (see `docs/semantics.md`, the admin
     /// endpoint).
     pub fn snapshot(&self) -> RuntimeSnapshot {
-        let meshes: Vec<Arc<mesh::MeshShared>> = self
-            .inner
-            .meshes
-            .lock()
-            .expect("meshes lock")
-            .values()
-            .cloned()
-            .collect();
+        let meshes = self.all_meshes();
         RuntimeSnapshot {
             controller: self.addr().to_string(),
             uptime_ms: self.elapsed_ms(),
@@ -619,15 +612,19 @@ impl Runtime {
         }
     }
 
-    fn signal_all(&self, signal: impl Fn() -> Signal) {
-        let all: Vec<Arc<mesh::MeshShared>> = self
-            .inner
+    /// The live meshes' shared states, taken out of the lock.
+    fn all_meshes(&self) -> Vec<Arc<mesh::MeshShared>> {
+        self.inner
             .meshes
             .lock()
             .expect("meshes lock")
             .values()
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    fn signal_all(&self, signal: impl Fn() -> Signal) {
+        let all = self.all_meshes();
         for shared in all {
             self.deliver(&shared, signal());
         }
@@ -640,14 +637,7 @@ impl Runtime {
         }
         tracing::error!(%failure, "a failure escalated to the root; stopping the job");
         self.inner.job.send_replace(Some(failure));
-        let all: Vec<Arc<mesh::MeshShared>> = self
-            .inner
-            .meshes
-            .lock()
-            .expect("meshes lock")
-            .values()
-            .cloned()
-            .collect();
+        let all = self.all_meshes();
         for shared in all {
             // A full queue cannot take the stop: the mesh stops when its
             // supervisor gets to it (its status says the job failed).
