@@ -546,6 +546,7 @@ fn mesh(out: &mut Seeds) {
             reply_to: port("trainer-0/regent-proc[0]#1"),
             parent: MeshId(3),
             rank: 2,
+            born: Generation(1),
             name: "inner".into(),
             actor_type: "regent/example/Worker".into(),
             per_proc: 4,

@@ -644,6 +644,7 @@ impl Member {
             reply_to: services.fabric.reply_port(),
             parent: self.inner.mesh,
             rank: self.rank().0,
+            born: self.inner.start.generation,
             name: name.to_owned(),
             actor_type: B::NAME.to_owned(),
             per_proc,

@@ -555,6 +555,10 @@ pub struct SpawnChild {
     pub parent: MeshId,
     /// The member's rank: the owner of the new mesh.
     pub rank: u32,
+    /// The generation the asking life began in. A life that a restart has
+    /// since replaced is refused: the mesh would outlive its owner (the
+    /// restart stopped the meshes the old life owned before this one).
+    pub born: Generation,
     /// The new mesh's name.
     pub name: String,
     /// Its registered actor type.

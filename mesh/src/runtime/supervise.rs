@@ -552,10 +552,22 @@ impl Supervisor {
     /// procs, and answers the member's proc.
     async fn spawn_child(&mut self, request: SpawnChild) {
         let info = self.shared.info();
+        let current = self.machine.rank_generation(Rank(request.rank));
         let result = if request.rank >= info.members() {
             Err(format!(
                 "no member of rank {} in {}",
                 request.rank, info.name
+            ))
+        } else if current != Some(request.born) {
+            // Its life was replaced (or a zombie asks): the restart that
+            // replaced it stopped what it owned, and nothing would stop
+            // this one.
+            Err(format!(
+                "rank {} of {} asked in a life of generation {} that a restart replaced (its life now began in {})",
+                request.rank,
+                info.name,
+                request.born.0,
+                current.map_or(0, |g| g.0)
             ))
         } else {
             let dims: Vec<(String, usize)> = info
