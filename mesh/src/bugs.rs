@@ -8,8 +8,10 @@
 pub enum PlantedBug {
     /// A proc delivers each cast to its local members twice.
     DuplicateDelivery,
-    /// A proc delivers a cast of an older generation to every life, also
-    /// to lives of later generations (the fencing of casts is off).
+    /// A proc takes casts of any older generation and delivers them to
+    /// every life, also to lives of later generations: the fencing of casts
+    /// by generation is off, both where the proc takes a cast (its command
+    /// loop) and where it serves one.
     NoFencing,
     /// The controller drops members' exit reports (a member that failed in
     /// a live proc is never restarted).
