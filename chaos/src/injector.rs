@@ -294,6 +294,12 @@ impl Injector {
                 };
                 self.net.insert(id, NetPiece::Degrade(node, *faults));
             }
+            // Real procs share the machine's clock, and their allocator
+            // reports every exit: only a simulation can do these.
+            Fault::HostLoss { .. } | Fault::ClockJump { .. } => {
+                tracing::warn!(%fault, "a simulated-only fault in a real run: skipped");
+                return inj;
+            }
             Fault::HostCut { .. } | Fault::HostFirewall { .. } | Fault::HostBlock { .. } => {
                 if !self.host_op(fault, false) {
                     return inj;
@@ -410,17 +416,7 @@ pub(crate) fn cut_off_procs(
 /// Makes the member at `rank` panic (its call fails: that is the point);
 /// false if the mesh has no such rank.
 pub(crate) fn panic_member(mesh: &ActorMesh<Tally>, rank: u32) -> bool {
-    let shape = mesh.mesh_shape();
-    let Some(point) = shape.point_of(Rank(rank)) else {
-        return false;
-    };
-    let text: Vec<String> = point
-        .names()
-        .iter()
-        .zip(point.coords())
-        .map(|(n, c)| format!("{}={c}", n.as_str()))
-        .collect();
-    let Ok(selection) = text.join(",").parse::<Selection>() else {
+    let Some(selection) = rank_selection(mesh, rank) else {
         return false;
     };
     let mesh = mesh.clone();
@@ -430,6 +426,18 @@ pub(crate) fn panic_member(mesh: &ActorMesh<Tally>, rank: u32) -> bool {
             .await;
     });
     true
+}
+
+/// The selection of one rank of `mesh` (`None` past its shape).
+pub(crate) fn rank_selection(mesh: &ActorMesh<Tally>, rank: u32) -> Option<Selection> {
+    let point = mesh.mesh_shape().point_of(Rank(rank))?;
+    let text: Vec<String> = point
+        .names()
+        .iter()
+        .zip(point.coords())
+        .map(|(n, c)| format!("{}={c}", n.as_str()))
+        .collect();
+    text.join(",").parse::<Selection>().ok()
 }
 
 /// Plays a schedule on `plane` (see [`Injector::play`]).

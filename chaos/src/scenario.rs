@@ -892,7 +892,7 @@ pub(crate) async fn reports(mesh: &ActorMesh<Tally>, from: u64) -> Result<Vec<Li
                     .iter()
                     .filter_map(|(_, r)| match r {
                         TallyReply::Report(rep) => Some(rep.clone()),
-                        TallyReply::Life(_) => None,
+                        _ => None,
                     })
                     .collect());
             }
@@ -913,7 +913,7 @@ pub(crate) async fn census(mesh: &ActorMesh<Tally>) -> Result<BTreeMap<u32, Life
         .into_iter()
         .filter_map(|(r, reply)| match reply {
             TallyReply::Life(l) => Some((r.0, l)),
-            TallyReply::Report(_) => None,
+            _ => None,
         })
         .collect())
 }

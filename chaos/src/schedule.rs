@@ -60,6 +60,13 @@ pub enum FaultKind {
     Reorder,
     /// A bandwidth cap.
     Bandwidth,
+    /// A proc's host lost: the proc is cut off and dies, and nothing
+    /// reports it (only failure detectors see it). Simulation only.
+    HostLoss,
+    /// The clock jumps forward: every node's timers due within the jump
+    /// fire at once, as after a stall of the whole machine. Simulation
+    /// only.
+    ClockJump,
     /// A namespace host's switch port down (root; never generated).
     HostCut,
     /// A namespace host's firewall dropping all its traffic (root, nftables;
@@ -72,8 +79,9 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind a schedule generates, in a fixed order (the kernel-level
-    /// host faults need namespaces and come only in given timelines).
-    pub const ALL: [Self; 12] = [
+    /// host faults need namespaces and come only in given timelines; the
+    /// last two are simulated only, with weight 0 in the default mix).
+    pub const ALL: [Self; 14] = [
         Self::Kill,
         Self::Stop,
         Self::Pause,
@@ -86,6 +94,8 @@ impl FaultKind {
         Self::Duplicate,
         Self::Reorder,
         Self::Bandwidth,
+        Self::HostLoss,
+        Self::ClockJump,
     ];
 
     /// Its name in reports.
@@ -103,6 +113,8 @@ impl FaultKind {
             Self::Duplicate => "duplicate",
             Self::Reorder => "reorder",
             Self::Bandwidth => "bandwidth",
+            Self::HostLoss => "host-loss",
+            Self::ClockJump => "clock-jump",
             Self::HostCut => "host-link-down",
             Self::HostFirewall => "host-firewall-drop",
             Self::HostBlock => "host-one-way-block",
@@ -111,7 +123,17 @@ impl FaultKind {
 
     /// Whether it changes the network (rather than a process).
     pub fn is_link_fault(self) -> bool {
-        !matches!(self, Self::Kill | Self::Stop | Self::Pause | Self::Panic)
+        !matches!(
+            self,
+            Self::Kill | Self::Stop | Self::Pause | Self::Panic | Self::HostLoss | Self::ClockJump
+        )
+    }
+
+    /// Whether only the simulation (`regent sim`) can inject it: real
+    /// processes share the machine's clock, and a real proc's exit is
+    /// always reported by its allocator.
+    pub fn is_simulated_only(self) -> bool {
+        matches!(self, Self::HostLoss | Self::ClockJump)
     }
 }
 
@@ -186,6 +208,17 @@ pub enum Fault {
         /// To this one.
         to: u32,
     },
+    /// Lose the host of the proc at this proc rank: cut off and killed,
+    /// with no exit report (simulation only).
+    HostLoss {
+        /// The proc rank.
+        proc: u32,
+    },
+    /// Move the clock forward by this much at once (simulation only).
+    ClockJump {
+        /// How far.
+        by: Duration,
+    },
 }
 
 impl Fault {
@@ -203,6 +236,8 @@ impl Fault {
             Self::HostCut { .. } => FaultKind::HostCut,
             Self::HostFirewall { .. } => FaultKind::HostFirewall,
             Self::HostBlock { .. } => FaultKind::HostBlock,
+            Self::HostLoss { .. } => FaultKind::HostLoss,
+            Self::ClockJump { .. } => FaultKind::ClockJump,
         }
     }
 }
@@ -236,9 +271,20 @@ impl fmt::Display for Fault {
             Self::HostBlock { from, to } => {
                 write!(f, "hosts {from} -> {to}: blocked at the bridge")
             }
+            Self::HostLoss { proc } => write!(f, "lose the host of proc {proc}"),
+            Self::ClockJump { by } => {
+                write!(f, "clock jumps {:.3}s forward", by.as_secs_f64())
+            }
         }
     }
 }
+
+/// The bounds of a clock jump: from below the heartbeat period to beyond
+/// the default failure timeout (1 s), so that some jumps make every failure
+/// detector fire at once.
+pub const MIN_CLOCK_JUMP: Duration = Duration::from_millis(50);
+/// See [`MIN_CLOCK_JUMP`].
+pub const MAX_CLOCK_JUMP: Duration = Duration::from_millis(1500);
 
 /// A fault at a time of the run.
 #[derive(Debug, Clone, PartialEq)]
@@ -265,15 +311,15 @@ impl fmt::Display for ScheduledFault {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FaultMix {
     /// Weight of each kind of [`FaultKind::ALL`], in that order.
-    pub weights: [u32; 12],
+    pub weights: [u32; 14],
 }
 
 impl Default for FaultMix {
-    /// Every kind, process faults and partitions twice as likely as link
-    /// degradations.
+    /// Every kind but the simulated-only ones, process faults and
+    /// partitions twice as likely as link degradations.
     fn default() -> Self {
         Self {
-            weights: [2, 1, 2, 1, 2, 2, 1, 1, 1, 1, 1, 1],
+            weights: [2, 1, 2, 1, 2, 2, 1, 1, 1, 1, 1, 1, 0, 0],
         }
     }
 }
@@ -281,7 +327,7 @@ impl Default for FaultMix {
 impl FaultMix {
     /// No fault at all.
     pub fn none() -> Self {
-        Self { weights: [0; 12] }
+        Self { weights: [0; 14] }
     }
 
     /// Sets the weight of one kind.
@@ -404,7 +450,11 @@ impl Schedule {
             };
             let kind = FaultKind::ALL[i];
             let lasts = match kind {
-                FaultKind::Kill | FaultKind::Stop | FaultKind::Panic => None,
+                FaultKind::Kill
+                | FaultKind::Stop
+                | FaultKind::Panic
+                | FaultKind::HostLoss
+                | FaultKind::ClockJump => None,
                 _ => Some(rng.duration(config.lasting.0, config.lasting.1)),
             };
             if lasts.is_some() {
@@ -428,6 +478,10 @@ impl Schedule {
                     rank: rng.below(u64::from(members)) as u32,
                 },
                 FaultKind::Blackhole => Fault::Blackhole { proc },
+                FaultKind::HostLoss => Fault::HostLoss { proc },
+                FaultKind::ClockJump => Fault::ClockJump {
+                    by: rng.duration(MIN_CLOCK_JUMP, MAX_CLOCK_JUMP),
+                },
                 FaultKind::Partition | FaultKind::OneWayPartition => {
                     partition(&mut rng, procs, kind == FaultKind::OneWayPartition)
                 }
@@ -587,6 +641,32 @@ mod tests {
                     .filter(|g| g.lasts.is_some_and(|d| g.at + d > f.at))
                     .count();
                 assert!(overlapping <= 2, "seed {seed}: {s}");
+            }
+        }
+    }
+
+    #[test]
+    fn simulated_only_kinds_come_only_when_asked_and_within_bounds() {
+        let long = ScheduleConfig::default().duration(Duration::from_secs(120));
+        for seed in 0..50 {
+            let s = Schedule::generate(Seed(seed), &long);
+            assert!(
+                s.faults.iter().all(|f| !f.fault.kind().is_simulated_only()),
+                "{s}"
+            );
+        }
+        let only = long.mix(FaultMix::only(&[FaultKind::HostLoss, FaultKind::ClockJump]));
+        let s = Schedule::generate(Seed(1), &only);
+        let counts = s.counts();
+        assert!(counts[&FaultKind::HostLoss] > 0 && counts[&FaultKind::ClockJump] > 0);
+        for f in &s.faults {
+            assert_eq!(f.lasts, None, "{s}");
+            match &f.fault {
+                Fault::HostLoss { proc } => assert!(*proc < 4),
+                Fault::ClockJump { by } => {
+                    assert!((MIN_CLOCK_JUMP..=MAX_CLOCK_JUMP).contains(by), "{s}")
+                }
+                other => panic!("{other} in {s}"),
             }
         }
     }

@@ -24,13 +24,17 @@ use std::time::Duration;
 
 use regent_mesh::bugs::{PlantedBug, plant};
 use regent_mesh::simnet::{SimAllocator, SimCluster, simulate};
-use regent_mesh::{ActorMesh, MeshPolicy, RuntimeConfig, SpawnOptions};
+use regent_mesh::{ActorMesh, Decision, MeshPolicy, RuntimeConfig, SpawnOptions};
 use regent_net::ProcId;
 use regent_net::sim::{LinkFaults as SimLinkFaults, SimNet};
+use regent_supervisor::Backoff;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::injector::{FaultPlane, Injection, cut_off_procs, panic_member, play, proc_at};
+use crate::injector::{
+    FaultPlane, Injection, cut_off_procs, panic_member, play, proc_at, rank_selection,
+};
+use crate::invariant::CallRecord;
 use crate::invariant::{self, InvariantResult, OrderProgress, SupervisionLog, names};
 use crate::network::LinkFaults;
 use crate::rng::{Seed, SimRng};
@@ -39,7 +43,7 @@ use crate::scenario::{
     not_checked, reports, sample_generations, settle, watch_failures,
 };
 use crate::schedule::{Fault, FaultKind, FaultMix, Schedule, ScheduleConfig, Target};
-use crate::workload::{Tally, TallyArgs};
+use crate::workload::{Tally, TallyArgs, TallyMsg, TallyReply};
 
 /// The simulated scenario, with documented defaults.
 #[derive(Debug, Clone)]
@@ -48,8 +52,9 @@ pub struct SimConfig {
     pub procs: u32,
     /// Members per proc. Default 2.
     pub per_proc: u32,
-    /// The mesh's policy. Default: restart members, 100 in 60 s.
-    pub policy: MeshPolicy,
+    /// The mesh's policy. Default `None`: drawn from the seed (see
+    /// [`draw_policy`]), so that seeds restart under every policy.
+    pub policy: Option<MeshPolicy>,
     /// How timelines are generated (its mesh size follows `procs` and
     /// `per_proc`). Default: 6 s of faults of every kind but bandwidth
     /// caps, 1.5 s apart on average, lasting 0.3–2 s.
@@ -82,12 +87,17 @@ impl Default for SimConfig {
         Self {
             procs: 3,
             per_proc: 2,
-            policy: MeshPolicy::default().intensity(100, Duration::from_secs(60)),
+            policy: None,
             schedule: ScheduleConfig::default()
                 .duration(Duration::from_secs(6))
                 .mean_gap(Duration::from_millis(1500))
                 .lasting(Duration::from_millis(300), Duration::from_secs(2))
-                .mix(FaultMix::default().with(FaultKind::Bandwidth, 0)),
+                .mix(
+                    FaultMix::default()
+                        .with(FaultKind::Bandwidth, 0)
+                        .with(FaultKind::HostLoss, 1)
+                        .with(FaultKind::ClockJump, 1),
+                ),
             workload: WorkloadConfig {
                 cast_interval: Duration::from_millis(20),
                 casts_in_flight: NonZeroU32::new(8).unwrap_or(NonZeroU32::MIN),
@@ -162,6 +172,36 @@ pub fn run_seed(seed: u64, config: &SimConfig) -> SimOutcome {
     simulate(|| run(seed, config))
 }
 
+/// The mesh's policy for a seed: restart the failed members (half the
+/// seeds), restart the whole mesh (a third), stop or escalate (the rest);
+/// a restarting policy allows 100 restarts in 60 s, or in a fifth of the
+/// seeds only 2 in 10 s, so that a timeline exhausts it and the mesh gives
+/// up; a third of them back off (10 ms doubling to 200 ms).
+pub fn draw_policy(seed: u64) -> MeshPolicy {
+    let mut rng = SimRng::new(Seed(seed).derive("policy"));
+    let decisions = [
+        Decision::RestartMember,
+        Decision::RestartMesh,
+        Decision::Stop,
+        Decision::Escalate,
+    ];
+    let on_failure = decisions[rng.weighted(&[6, 4, 1, 1]).unwrap_or(0)];
+    let mut policy = MeshPolicy::new(on_failure);
+    policy = if rng.chance(0.2) {
+        policy.intensity(2, Duration::from_secs(10))
+    } else {
+        policy.intensity(100, Duration::from_secs(60))
+    };
+    if rng.chance(1.0 / 3.0) {
+        policy = policy.backoff(Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(200),
+            reset_after: Duration::from_secs(1),
+        });
+    }
+    policy
+}
+
 /// FNV-1a, 64 bits: stable across runs, builds and platforms.
 fn fnv(hash: u64, bytes: &[u8]) -> u64 {
     bytes.iter().fold(hash, |h, b| {
@@ -205,6 +245,11 @@ async fn run(seed: u64, config: &SimConfig) -> SimOutcome {
             .unwrap_or(NonZeroU32::MIN)
     });
     history.record(format_args!("cast fan-out {fanout}"));
+    let policy = config.policy.unwrap_or_else(|| draw_policy(seed));
+    history.record(format_args!(
+        "policy: {}, {} restarts in {:?}, backoff {:?}",
+        policy.on_failure, policy.intensity.max_restarts, policy.intensity.period, policy.backoff
+    ));
     let runtime = RuntimeConfig::default()
         .fanout(fanout)
         .endpoint(regent_net::EndpointConfig::default().failure_timeout(config.failure_timeout));
@@ -217,7 +262,7 @@ async fn run(seed: u64, config: &SimConfig) -> SimOutcome {
             return finish(outcome, history, None);
         }
     };
-    if let Err(e) = play_round(seed, config, &cluster, &mut history, &mut outcome).await {
+    if let Err(e) = play_round(seed, config, policy, &cluster, &mut history, &mut outcome).await {
         outcome.problems.push(e);
     }
     let net = cluster.net().clone();
@@ -255,6 +300,7 @@ fn finish(mut outcome: SimOutcome, mut history: History, net: Option<&SimNet>) -
 async fn play_round(
     seed: u64,
     config: &SimConfig,
+    policy: MeshPolicy,
     cluster: &SimCluster,
     history: &mut History,
     outcome: &mut SimOutcome,
@@ -265,7 +311,7 @@ async fn play_round(
             "tally",
             config.per_proc,
             &TallyArgs::default(),
-            SpawnOptions::new().policy(config.policy),
+            SpawnOptions::new().policy(policy),
         )
         .await
         .map_err(|e| format!("the mesh did not spawn: {e}"))?;
@@ -305,6 +351,15 @@ async fn play_round(
         )),
     ];
     let t0 = Instant::now();
+    let nests = Arc::new(Mutex::new(Vec::new()));
+    let nester = tokio::spawn(nester(
+        mesh.clone(),
+        ledger.clone(),
+        plan_nests(seed, config, members),
+        config.workload.call_deadline,
+        t0,
+        nests.clone(),
+    ));
     let mut plane = SimPlane::new(cluster, mesh.clone());
     play(&mut plane, &schedule.faults, |sf, inj| {
         expect_effect(&obs, sf, inj);
@@ -316,6 +371,10 @@ async fn play_round(
     let _ = stop_tx.send(true);
     for w in workers {
         let _ = w.await;
+    }
+    let _ = nester.await;
+    for line in std::mem::take(&mut *lock(&nests)) {
+        history.lines.push(line);
     }
     let settled = settle(&mesh, config.settle_timeout, config.quiet).await;
     history.record(format_args!(
@@ -379,7 +438,7 @@ async fn play_round(
             &invariant::check_generations(&o.generations, &ledger.replies),
         );
         SupervisionLog {
-            policy: config.policy,
+            policy,
             initial,
             finals,
             failures: o.failures.clone(),
@@ -391,14 +450,169 @@ async fn play_round(
         }
     };
     merge_into(invariants, &invariant::check_restarts(&sup));
-    // Processes are tasks here: nothing can outlive the run.
-    if let Some(i) = invariants.iter_mut().find(|i| i.name == names::NO_ORPHANS) {
-        i.not_checked("procs are tasks of one process in simulation".into());
+    // Processes are tasks here: what can outlive its owner is a mesh.
+    let orphans = check_nested_owners(cluster, &mesh, config.quiet * 2).await;
+    if orphans.checked == 0 && orphans.violations == 0 {
+        if let Some(i) = invariants.iter_mut().find(|i| i.name == names::NO_ORPHANS) {
+            i.not_checked("no nested mesh lived in this run (procs are tasks here)".into());
+        }
+    } else {
+        merge_into(invariants, &orphans);
     }
     outcome.faults = plane.counts;
     outcome.generation = generation;
     let _ = tokio::time::timeout(Duration::from_secs(10), mesh.stop()).await;
     Ok(())
+}
+
+/// When the workload asks which member to spawn a nested mesh
+/// ([`TallyMsg::Nest`]): none, one or two times in the fault phase, each at
+/// a member drawn from the seed.
+fn plan_nests(seed: u64, config: &SimConfig, members: u32) -> Vec<(Duration, u32)> {
+    let mut rng = SimRng::new(Seed(seed).derive("nest"));
+    let n = rng.below(3);
+    let mut plan: Vec<(Duration, u32)> = (0..n)
+        .map(|_| {
+            let at = rng.duration(Duration::ZERO, config.schedule.duration);
+            (at, rng.below(u64::from(members.max(1))) as u32)
+        })
+        .collect();
+    plan.sort();
+    plan
+}
+
+/// Asks members to spawn nested meshes as `plan` says (times from `t0`):
+/// each a call with `deadline`, recorded for the deadline checker, its
+/// outcome a line of the history.
+async fn nester(
+    mesh: ActorMesh<Tally>,
+    ledger: Arc<Mutex<Ledger>>,
+    plan: Vec<(Duration, u32)>,
+    deadline: Duration,
+    t0: Instant,
+    lines: Arc<Mutex<Vec<String>>>,
+) {
+    for (at, rank) in plan {
+        tokio::time::sleep_until(t0 + at).await;
+        let Some(selection) = rank_selection(&mesh, rank) else {
+            continue;
+        };
+        let started = Instant::now();
+        let r = mesh
+            .call_within(&selection, &TallyMsg::Nest, deadline)
+            .await;
+        let elapsed = started.elapsed();
+        let at = started.duration_since(t0).as_secs_f64();
+        let (record, line) = match r {
+            Ok(vm) => {
+                let replied: Vec<u32> = vm.values().iter().map(|(r, _)| r.0).collect();
+                let failed: Vec<u32> = vm.failed().iter().map(|(r, _)| r.0).collect();
+                let what = match vm.values().first().map(|(_, v)| v) {
+                    Some(TallyReply::Nested { life, mesh }) => {
+                        format!("rank {rank} (born {}): {mesh:?}", life.born)
+                    }
+                    _ => format!("rank {rank} failed"),
+                };
+                let record = CallRecord {
+                    deadline,
+                    elapsed,
+                    selected: 1,
+                    replied,
+                    failed,
+                    error: None,
+                };
+                (record, what)
+            }
+            Err(e) => {
+                let record = CallRecord {
+                    deadline,
+                    elapsed,
+                    selected: 1,
+                    replied: Vec::new(),
+                    failed: Vec::new(),
+                    error: Some(e.to_string()),
+                };
+                (record, format!("rank {rank}: {e}"))
+            }
+        };
+        lock(&ledger).calls.push(record);
+        lock(&lines).push(format!("{:>11.6}s (fault phase) nest at {line}", at));
+    }
+}
+
+/// **No mesh outlives its owner** (the simulation's orphans: its procs are
+/// tasks): once the mesh has settled, every nested mesh still running or
+/// restarting is owned by a current life of its owner's rank (one that
+/// says it spawned it); when the mesh is done, none is. A nested mesh of a
+/// replaced or stopped life has `grace` to stop.
+async fn check_nested_owners(
+    cluster: &SimCluster,
+    mesh: &ActorMesh<Tally>,
+    grace: Duration,
+) -> InvariantResult {
+    let mut r = InvariantResult::new(names::NO_ORPHANS);
+    let top = mesh.id().0;
+    let done = mesh.status().is_done();
+    let mut owned: BTreeMap<u32, (u64, Vec<u64>)> = BTreeMap::new();
+    if !done {
+        match mesh
+            .call_within(
+                &regent_mesh::Selection::All,
+                &TallyMsg::Owned,
+                Duration::from_secs(10),
+            )
+            .await
+        {
+            Ok(vm) => {
+                for (rank, reply) in vm.values() {
+                    if let TallyReply::Owned { life, meshes } = reply {
+                        owned.insert(rank.0, (life.born, meshes.clone()));
+                    }
+                }
+            }
+            Err(e) => {
+                r.not_checked(format!("the members did not say what they own ({e})"));
+                return r;
+            }
+        }
+    }
+    let end = Instant::now() + grace;
+    loop {
+        let snapshot = cluster.runtime().snapshot();
+        let nested: Vec<_> = snapshot
+            .meshes
+            .iter()
+            .filter(|m| m.owner.is_some_and(|(id, _)| id == top))
+            .collect();
+        let orphans: Vec<String> = nested
+            .iter()
+            .filter(|m| m.status == "running" || m.status == "restarting")
+            .filter_map(|m| {
+                let (_, rank) = m.owner?;
+                let kept = owned.get(&rank).is_some_and(|(_, ids)| ids.contains(&m.id));
+                (!kept).then(|| {
+                    let owner = match owned.get(&rank) {
+                        Some((born, _)) => format!("rank {rank}'s life born in generation {born}"),
+                        None => format!("rank {rank}, whose mesh is {:?}", mesh.status()),
+                    };
+                    format!(
+                        "nested mesh {} ({}, generation {}) outlived its owner: {owner} does not own it",
+                        m.id, m.status, m.generation
+                    )
+                })
+            })
+            .collect();
+        if orphans.is_empty() || Instant::now() >= end {
+            for m in &nested {
+                let orphan = orphans
+                    .iter()
+                    .find(|o| o.starts_with(&format!("nested mesh {} ", m.id)));
+                r.check(orphan.is_none(), || orphan.cloned().unwrap_or_default());
+            }
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Faults on a simulated cluster: process faults through its allocator,
@@ -591,6 +805,19 @@ impl FaultPlane for SimPlane {
                 };
                 self.degraded.insert(id, (node, *faults));
             }
+            Fault::HostLoss { proc } => {
+                let Some(p) = self.proc_at(*proc) else {
+                    return inj;
+                };
+                if self.alloc.lose_host(&p).is_err() {
+                    return inj;
+                }
+                inj.procs.push(p);
+            }
+            // Every node reads tokio's one clock: the jump is everyone's,
+            // as after a stall of the whole machine (timers due within it
+            // fire together, datagrams in flight land at once).
+            Fault::ClockJump { by } => tokio::time::advance(*by).await,
             // Kernel-level faults of namespace hosts: not simulated.
             Fault::HostCut { .. } | Fault::HostFirewall { .. } | Fault::HostBlock { .. } => {
                 return inj;

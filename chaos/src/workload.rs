@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use regent_mesh::{ActorError, Member, MeshActor};
+use regent_mesh::{ActorError, ActorMesh, Member, MeshActor, MeshPolicy};
 use serde::{Deserialize, Serialize};
 
 /// How the message of a panic that [`TallyMsg::Panic`] asked for starts.
@@ -30,6 +30,8 @@ pub const MAX_REPORT_RANGES: usize = 8192;
 pub const MAX_ORDER_RUNS: usize = 256;
 /// Senders a life keeps the arrival order of at most.
 pub const MAX_SENDERS: usize = 8;
+/// Nested meshes one life spawns at most ([`TallyMsg::Nest`]).
+pub const MAX_NESTED: usize = 2;
 
 /// The workload actor: see the module documentation.
 pub struct Tally {
@@ -38,6 +40,8 @@ pub struct Tally {
     order: BTreeMap<Sender, OrderLog>,
     /// Records from senders past [`MAX_SENDERS`].
     order_dropped: u64,
+    /// The meshes this life spawned ([`TallyMsg::Nest`]).
+    nested: Vec<ActorMesh<Tally>>,
 }
 
 /// Which workload task sent a message: each numbers its messages in the
@@ -110,6 +114,12 @@ pub enum TallyMsg {
         /// The first number of interest.
         from: u64,
     },
+    /// Spawn a mesh this member owns (`Member::spawn_mesh`): a nested mesh
+    /// of `Tally`, one member per proc of this member's mesh, restarting
+    /// its members (100 in 60 s). A life owns at most [`MAX_NESTED`].
+    Nest,
+    /// Say which nested meshes this life spawned.
+    Owned,
     /// Panic in the handler: how the chaos runs inject actor panics. The
     /// workload actor is the chaos crate's own (linked only by the binaries
     /// that run chaos: the `regent` command and the test suites), so no
@@ -124,6 +134,21 @@ pub enum TallyReply {
     Life(Life),
     /// What it received.
     Report(LifeReport),
+    /// What a [`TallyMsg::Nest`] came to: the nested mesh's id, or why the
+    /// spawn failed.
+    Nested {
+        /// Who spawned it.
+        life: Life,
+        /// The mesh's id ([`regent_mesh::MeshId`]'s number).
+        mesh: Result<u64, String>,
+    },
+    /// The nested meshes a life spawned ([`TallyMsg::Owned`]).
+    Owned {
+        /// Whose.
+        life: Life,
+        /// Their ids.
+        meshes: Vec<u64>,
+    },
 }
 
 /// The numbers one life received, from a [`TallyMsg::Report`].
@@ -325,10 +350,11 @@ impl MeshActor for Tally {
             log: SeqLog::default(),
             order: BTreeMap::new(),
             order_dropped: 0,
+            nested: Vec::new(),
         })
     }
 
-    async fn handle(&mut self, _: &Member, msg: TallyMsg) -> Result<TallyReply, ActorError> {
+    async fn handle(&mut self, member: &Member, msg: TallyMsg) -> Result<TallyReply, ActorError> {
         Ok(match msg {
             TallyMsg::Record { seq, sender } => {
                 self.log.insert(seq);
@@ -360,6 +386,33 @@ impl MeshActor for Tally {
                     order_dropped: self.order_dropped,
                 })
             }
+            TallyMsg::Nest => {
+                let mesh = if self.nested.len() >= MAX_NESTED {
+                    Err(format!("this life owns {MAX_NESTED} meshes already"))
+                } else {
+                    let policy =
+                        MeshPolicy::default().intensity(100, std::time::Duration::from_secs(60));
+                    match member
+                        .spawn_mesh::<Tally>("nested", 1, &TallyArgs::default(), policy)
+                        .await
+                    {
+                        Ok(m) => {
+                            let id = m.id().0;
+                            self.nested.push(m);
+                            Ok(id)
+                        }
+                        Err(e) => Err(e.to_string()),
+                    }
+                };
+                TallyReply::Nested {
+                    life: self.life,
+                    mesh,
+                }
+            }
+            TallyMsg::Owned => TallyReply::Owned {
+                life: self.life,
+                meshes: self.nested.iter().map(|m| m.id().0).collect(),
+            },
             TallyMsg::Panic => panic_hook(self.life.rank)?,
         })
     }

@@ -70,6 +70,18 @@ pub(crate) fn parse_faults(text: &str) -> Result<Vec<FaultKind>, String> {
         .collect()
 }
 
+/// As [`parse_faults`], for real processes: the kinds only a simulation
+/// can inject are refused.
+pub(crate) fn parse_real_faults(text: &str) -> Result<Vec<FaultKind>, String> {
+    let kinds = parse_faults(text)?;
+    match kinds.iter().find(|k| k.is_simulated_only()) {
+        Some(k) => Err(format!(
+            "{k} is injected only in simulation (regent sim --faults {k})"
+        )),
+        None => Ok(kinds),
+    }
+}
+
 /// The soak's scenario for these options and seed.
 pub(crate) fn scenario(opts: &SoakOptions, seed: Seed) -> Scenario {
     let mix = match &opts.faults {
@@ -166,6 +178,13 @@ mod tests {
             vec![FaultKind::Kill, FaultKind::Loss]
         );
         assert!(parse_faults("kill,meteor").is_err());
+        assert_eq!(
+            parse_faults("host-loss,clock-jump").unwrap(),
+            vec![FaultKind::HostLoss, FaultKind::ClockJump]
+        );
+        assert!(parse_real_faults("kill,clock-jump").is_err());
+        assert!(parse_real_faults("host-loss").is_err());
+        assert_eq!(parse_real_faults("pause").unwrap(), vec![FaultKind::Pause]);
     }
 
     #[test]

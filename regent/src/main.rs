@@ -223,10 +223,15 @@ fn main() -> anyhow::Result<()> {
     use std::io::IsTerminal as _;
     let proc = std::env::var(regent_mesh::boot::ROLE_ENV)
         .is_ok_and(|role| role == regent_mesh::boot::ROLE_PROC);
+    // A simulation's runtimes log the failures its faults cause by the
+    // thousand (escalations are errors): its history is its record, so it
+    // logs nothing unless RUST_LOG asks.
+    let simulating = std::env::args().nth(1).as_deref() == Some("sim");
+    let default_filter = if simulating { "off" } else { "error" };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(regent_mesh::logs::ProcStderr)
         .with_ansi(std::io::stderr().is_terminal());
@@ -292,7 +297,7 @@ fn main() -> anyhow::Result<()> {
                 procs,
                 per_proc,
                 faults: faults
-                    .map(|f| chaos::parse_faults(&f))
+                    .map(|f| chaos::parse_real_faults(&f))
                     .transpose()
                     .map_err(anyhow::Error::msg)?,
                 logs,

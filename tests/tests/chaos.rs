@@ -150,6 +150,7 @@ fn assert_effects(s: &Scenario, r: &Report) {
                 assert!(p.throttled > 0, "{kind}: no datagram was paced\n{r}");
                 false
             }
+            HostLoss | ClockJump => panic!("{kind}: simulated only, yet in a real timeline"),
             HostCut | HostFirewall | HostBlock => {
                 let dropped = r.host_dropped.get(&kind).copied().unwrap_or(0);
                 assert!(dropped > 0, "{kind}: the kernel dropped nothing\n{r}");
