@@ -570,3 +570,94 @@ impl MeshRecord {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(text: &str, series: &str) -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn procs_totals_add_what_grew_and_shrinking_ones_are_refused() {
+        let o = Observer::new();
+        let (a, b) = (ProcId::new("a").unwrap(), ProcId::new("b").unwrap());
+        let mut s = ProcStats::default();
+        s.payload.shm.read_bytes = 100;
+        s.payload.shm.reads = 1;
+        s.control.frames_sent = 3;
+        assert!(o.proc_stats(&a, s));
+        s.payload.shm.read_bytes = 250;
+        s.payload.shm.reads = 2;
+        assert!(o.proc_stats(&a, s));
+        let mut t = ProcStats::default();
+        t.payload.tcp.written_bytes = 7;
+        t.payload.tcp.writes = 1;
+        assert!(o.proc_stats(&b, t));
+        // Totals that shrank are not a proc's: nothing of them counts.
+        let mut shrunk = s;
+        shrunk.payload.shm.read_bytes = 10;
+        shrunk.control.frames_sent = 1000;
+        assert!(!o.proc_stats(&a, shrunk));
+        let text = o.render(0, ControlTraffic::default());
+        let bytes = |backend: &str, op: &str| {
+            line(
+                &text,
+                &format!("regent_payload_bytes_total{{backend=\"{backend}\",op=\"{op}\"}}"),
+            )
+        };
+        assert_eq!(bytes("shm", "read"), Some(250), "{text}");
+        assert_eq!(bytes("tcp", "write"), Some(7), "{text}");
+        assert_eq!(
+            line(&text, "regent_control_frames_sent_total{side=\"procs\"}"),
+            Some(3)
+        );
+        assert_eq!(
+            line(&text, "regent_proc_payload_bytes_total{proc=\"a\"}"),
+            Some(250)
+        );
+        // A gone proc's series ends; the totals stay.
+        o.forget_procs(|p| *p != a);
+        let text = o.render(0, ControlTraffic::default());
+        assert_eq!(
+            line(&text, "regent_proc_payload_bytes_total{proc=\"a\"}"),
+            None
+        );
+        assert_eq!(
+            line(&text, "regent_proc_payload_bytes_total{proc=\"b\"}"),
+            Some(7)
+        );
+        assert_eq!(o.reporting_procs(), 1);
+        assert!(text.contains("regent_payload_bytes_total{backend=\"shm\",op=\"read\"} 250"));
+    }
+
+    #[test]
+    fn the_controllers_own_traffic_is_brought_up_to_its_endpoints_at_each_render() {
+        let o = Observer::new();
+        let mut c = ControlTraffic {
+            frames_sent: 2,
+            bytes_sent: 90,
+            frames_received: 1,
+            bytes_received: 40,
+        };
+        o.render(5, c);
+        c.bytes_sent = 150;
+        let text = o.render(6, c);
+        let side = "{side=\"controller\"}";
+        assert_eq!(
+            line(&text, &format!("regent_control_bytes_sent_total{side}")),
+            Some(150)
+        );
+        assert_eq!(
+            line(&text, &format!("regent_control_frames_sent_total{side}")),
+            Some(2)
+        );
+        assert_eq!(
+            line(&text, &format!("regent_control_bytes_received_total{side}")),
+            Some(40)
+        );
+        assert_eq!(line(&text, "regent_cast_frames_sent_total"), Some(6));
+    }
+}
