@@ -942,13 +942,27 @@ pub async fn run(
     scenario: &Scenario,
     cluster: ClusterConfig,
     length: Length,
+    progress: impl FnMut(&Progress),
+) -> Result<Report, ChaosError> {
+    run_with(scenario, cluster, length, |_| {}, progress).await
+}
+
+/// [`run`], with `started` told of the controller as soon as it runs
+/// (before any proc: e.g. to serve its admin endpoint for the whole run).
+pub async fn run_with(
+    scenario: &Scenario,
+    cluster: ClusterConfig,
+    length: Length,
+    started: impl FnOnce(&regent_mesh::Runtime),
     mut progress: impl FnMut(&Progress),
 ) -> Result<Report, ChaosError> {
-    let started = Instant::now();
+    let t0 = Instant::now();
     let mut runtime = cluster.runtime.clone();
     runtime.fanout = scenario.fanout;
     let lease = runtime.owner_lease;
     let cluster = ChaosCluster::start(cluster.runtime(runtime), scenario.seed).await?;
+    started(cluster.runtime());
+    let started = t0;
     tracing::info!(scenario = %scenario.name, seed = %scenario.seed, "chaos scenario starts");
     let procs = cluster.spawn_procs(scenario.procs as usize).await?;
     let mesh = procs

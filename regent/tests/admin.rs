@@ -653,7 +653,7 @@ fn the_dashboard_shows_a_killed_rank_fail_and_recover_in_a_real_browser() {
 }
 
 #[test]
-fn a_chaos_soak_writes_its_report_as_html() {
+fn a_chaos_soak_serves_its_dashboard_and_writes_its_report_as_html() {
     let dir = run_dir("soak");
     let report = dir.join("soak.html");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_regent"));
@@ -674,13 +674,48 @@ fn a_chaos_soak_writes_its_report_as_html() {
         "1",
         "--faults",
         "kill",
+        "--linger",
+        "30s",
         "--report-html",
     ])
     .arg(&report)
     .env("RUST_LOG", "error")
     .env("RUST_BACKTRACE", "0");
     let soak = Group::start(cmd, dir.join("soak.log"));
+    // The live dashboard's link, printed as the run starts (before the
+    // report), and its status shows the soak's mesh.
+    let url = soak.line("dashboard: ");
+    let addr = url
+        .strip_prefix("http://")
+        .and_then(|u| u.strip_suffix('/'))
+        .expect("a loopback link without a token")
+        .to_owned();
+    let until = Instant::now() + DEADLINE;
+    let tree = loop {
+        let tree = try_status(&[&addr]).unwrap_or_default();
+        if tree.contains("mesh tally") {
+            break tree;
+        }
+        assert!(
+            Instant::now() < until,
+            "no mesh tally in the soak's status:\n{tree}\n{}",
+            soak.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(tree.contains("owner the controller"), "{tree}");
     soak.line("  report: ");
+    let out = soak.output();
+    assert!(
+        out.find("dashboard: ") < out.find("  report: "),
+        "the link comes first: {out}"
+    );
+    // Lingering, the endpoint still answers: the kill is in its metrics.
+    let metrics = status(&[&addr, "--metrics"]);
+    assert!(
+        metric(&metrics, "regent_failures_total{cause=\"killed\"}").is_some_and(|k| k >= 1.0),
+        "{metrics}"
+    );
     let html = std::fs::read_to_string(&report).expect("the HTML report");
     let data = html
         .split("window.REGENT_DATA = ")
