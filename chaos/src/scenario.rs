@@ -495,6 +495,9 @@ pub(crate) struct Observed {
     /// Failures no expected fault matched yet: a kill's exit report can
     /// arrive before the injector has recorded the kill.
     pub(crate) unmatched: Vec<SeenFailure>,
+    /// Where each detection is observed as it is made
+    /// (`regent_detection_seconds`, for the soak's live dashboard).
+    pub(crate) runtime: Option<regent_mesh::Runtime>,
 }
 
 /// A failure the watcher saw.
@@ -518,7 +521,11 @@ impl Expected {
 impl Observed {
     /// Counts `e` detected by `f`.
     fn detect(&mut self, e: &Expected, f: &SeenFailure) {
-        self.detection.push(f.at.duration_since(e.at));
+        let after = f.at.duration_since(e.at);
+        self.detection.push(after);
+        if let Some(rt) = &self.runtime {
+            rt.observe_detection(after);
+        }
         *self.detected.entry(e.kind).or_insert(0) += 1;
         self.awaiting.push((e.at, f.generation, e.kind));
     }
@@ -975,7 +982,10 @@ pub async fn run_with(
         .await?;
     let members = scenario.procs * scenario.per_proc;
     let initial = census(&mesh).await?;
-    let obs = Arc::new(Mutex::new(Observed::default()));
+    let obs = Arc::new(Mutex::new(Observed {
+        runtime: Some(cluster.runtime().clone()),
+        ..Observed::default()
+    }));
     let observers: Vec<JoinHandle<()>> = vec![
         tokio::spawn(watch_failures(mesh.clone(), obs.clone())),
         tokio::spawn(sample_generations(mesh.clone(), obs.clone())),

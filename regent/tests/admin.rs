@@ -710,10 +710,15 @@ fn a_chaos_soak_serves_its_dashboard_and_writes_its_report_as_html() {
         out.find("dashboard: ") < out.find("  report: "),
         "the link comes first: {out}"
     );
-    // Lingering, the endpoint still answers: the kill is in its metrics.
+    // Lingering, the endpoint still answers: the kill is in its metrics,
+    // and so is its detection (observed by the soak as it matched it).
     let metrics = status(&[&addr, "--metrics"]);
     assert!(
         metric(&metrics, "regent_failures_total{cause=\"killed\"}").is_some_and(|k| k >= 1.0),
+        "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "regent_detection_seconds_count").is_some_and(|c| c >= 1.0),
         "{metrics}"
     );
     let html = std::fs::read_to_string(&report).expect("the HTML report");
