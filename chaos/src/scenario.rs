@@ -495,6 +495,9 @@ pub(crate) struct Observed {
     /// Failures no expected fault matched yet: a kill's exit report can
     /// arrive before the injector has recorded the kill.
     pub(crate) unmatched: Vec<SeenFailure>,
+    /// Where each detection is observed as it is made
+    /// (`regent_detection_seconds`, for the soak's live dashboard).
+    pub(crate) runtime: Option<regent_mesh::Runtime>,
 }
 
 /// A failure the watcher saw.
@@ -518,7 +521,11 @@ impl Expected {
 impl Observed {
     /// Counts `e` detected by `f`.
     fn detect(&mut self, e: &Expected, f: &SeenFailure) {
-        self.detection.push(f.at.duration_since(e.at));
+        let after = f.at.duration_since(e.at);
+        self.detection.push(after);
+        if let Some(rt) = &self.runtime {
+            rt.observe_detection(after);
+        }
         *self.detected.entry(e.kind).or_insert(0) += 1;
         self.awaiting.push((e.at, f.generation, e.kind));
     }
@@ -942,13 +949,27 @@ pub async fn run(
     scenario: &Scenario,
     cluster: ClusterConfig,
     length: Length,
+    progress: impl FnMut(&Progress),
+) -> Result<Report, ChaosError> {
+    run_with(scenario, cluster, length, |_| {}, progress).await
+}
+
+/// [`run`], with `started` told of the controller as soon as it runs
+/// (before any proc: e.g. to serve its admin endpoint for the whole run).
+pub async fn run_with(
+    scenario: &Scenario,
+    cluster: ClusterConfig,
+    length: Length,
+    started: impl FnOnce(&regent_mesh::Runtime),
     mut progress: impl FnMut(&Progress),
 ) -> Result<Report, ChaosError> {
-    let started = Instant::now();
+    let t0 = Instant::now();
     let mut runtime = cluster.runtime.clone();
     runtime.fanout = scenario.fanout;
     let lease = runtime.owner_lease;
     let cluster = ChaosCluster::start(cluster.runtime(runtime), scenario.seed).await?;
+    started(cluster.runtime());
+    let started = t0;
     tracing::info!(scenario = %scenario.name, seed = %scenario.seed, "chaos scenario starts");
     let procs = cluster.spawn_procs(scenario.procs as usize).await?;
     let mesh = procs
@@ -961,7 +982,10 @@ pub async fn run(
         .await?;
     let members = scenario.procs * scenario.per_proc;
     let initial = census(&mesh).await?;
-    let obs = Arc::new(Mutex::new(Observed::default()));
+    let obs = Arc::new(Mutex::new(Observed {
+        runtime: Some(cluster.runtime().clone()),
+        ..Observed::default()
+    }));
     let observers: Vec<JoinHandle<()>> = vec![
         tokio::spawn(watch_failures(mesh.clone(), obs.clone())),
         tokio::spawn(sample_generations(mesh.clone(), obs.clone())),

@@ -23,7 +23,7 @@ use regent_mesh::host::wire::{
 };
 use regent_mesh::protocol::{
     self, CastFrame, CastToken, Collect, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand,
-    ProcReply, ReplyBody, ReplyTo, Restart, SpawnChild,
+    ProcReply, ProcStats, ReplyBody, ReplyTo, Restart, SpawnChild,
 };
 use regent_mesh::{Decision, FailureCause, MemberError, MeshFailure, MeshPolicy, Rank, Shape};
 use regent_net::wire::{
@@ -559,7 +559,45 @@ fn mesh(out: &mut Seeds) {
         );
         seeds.push((format!("spawn-child-{name}"), bytes));
     }
+    for (name, stats) in proc_stats_seeds() {
+        let bytes = enc(&stats);
+        assert_eq!(
+            protocol::fuzz_decode_proc_stats(&bytes),
+            Some(stats),
+            "proc stats {name}"
+        );
+        seeds.push((format!("proc-stats-{name}"), bytes));
+    }
     out.target("mesh_protocol", seeds);
+}
+
+/// A proc's traffic report: nothing moved yet, and a busy proc (counts of
+/// every width a varint takes).
+fn proc_stats_seeds() -> [(&'static str, ProcStats); 2] {
+    let busy = ProcStats {
+        control: regent_net::ControlTraffic {
+            frames_sent: 1,
+            bytes_sent: 300,
+            frames_received: 70_000,
+            bytes_received: 1 << 40,
+        },
+        payload: regent_rdma::Traffic {
+            shm: regent_rdma::BackendTraffic {
+                read_bytes: 108_000 * 300,
+                reads: 600,
+                written_bytes: 0,
+                writes: 0,
+            },
+            tcp: regent_rdma::BackendTraffic {
+                read_bytes: u64::MAX,
+                reads: 1,
+                written_bytes: 4 << 20,
+                writes: 2,
+            },
+            ibverbs: regent_rdma::BackendTraffic::default(),
+        },
+    };
+    [("none", ProcStats::default()), ("busy", busy)]
 }
 
 // --- host agent ---------------------------------------------------------

@@ -1,6 +1,6 @@
 //! The mesh protocol as a proc or a controller receives it: any bytes
 //! decode (and pass the receiver's checks) as a `ProcCommand`, `ProcReply`,
-//! `MemberExited` or `SpawnChild`, or are refused cleanly; whatever is
+//! `MemberExited`, `SpawnChild` or `ProcStats`, or are refused cleanly; whatever is
 //! accepted encodes, and its encoding is accepted as the same value.
 //!
 //! Decoding and checking live in `regent_mesh::protocol::fuzz_decode_*`, so
@@ -10,7 +10,8 @@
 use libfuzzer_sys::fuzz_target;
 use regent_fuzz::round_trip_with;
 use regent_mesh::protocol::{
-    fuzz_decode_command, fuzz_decode_member_exited, fuzz_decode_reply, fuzz_decode_spawn_child,
+    fuzz_decode_command, fuzz_decode_member_exited, fuzz_decode_proc_stats, fuzz_decode_reply,
+    fuzz_decode_spawn_child,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -25,5 +26,8 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Some(request) = fuzz_decode_spawn_child(data) {
         round_trip_with(&request, fuzz_decode_spawn_child);
+    }
+    if let Some(stats) = fuzz_decode_proc_stats(data) {
+        round_trip_with(&stats, fuzz_decode_proc_stats);
     }
 });

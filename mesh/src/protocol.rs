@@ -575,6 +575,39 @@ impl Message for SpawnChild {
     const TYPE_NAME: &'static str = "regent/mesh/SpawnChild";
 }
 
+/// What a proc has moved on both planes since it started, as the totals of
+/// its endpoint (the control plane) and of its buffer manager (the payload
+/// plane, by backend). A proc with a payload plane sends it to its owner's
+/// [`names::STATS_PORT`] when its lease is renewed (every lease / 3) and
+/// the totals changed since the last; the owner adds what grew to its
+/// metrics. A fixed number of integers: its decoder reads at most a few
+/// hundred bytes whatever the frame says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcStats {
+    /// The proc's message frames on the control plane.
+    pub control: regent_net::ControlTraffic,
+    /// The proc's one-sided reads and writes on the payload plane.
+    pub payload: regent_rdma::Traffic,
+}
+
+impl ProcStats {
+    /// Whether every count of `self` is at least `earlier`'s (a proc's
+    /// totals only grow).
+    pub fn covers(&self, earlier: &Self) -> bool {
+        self.control.covers(&earlier.control) && self.payload.covers(&earlier.payload)
+    }
+}
+
+impl Message for ProcStats {
+    const TYPE_NAME: &'static str = "regent/mesh/ProcStats";
+}
+
+/// Decodes a [`ProcStats`] as the controller's stats port does.
+#[doc(hidden)]
+pub fn fuzz_decode_proc_stats(bytes: &[u8]) -> Option<ProcStats> {
+    regent_net::wire::decode_body(bytes).ok()
+}
+
 /// Decodes a [`ProcCommand`] as a proc's command port does and checks what
 /// the proc checks before acting on it; `None` where it would refuse it.
 /// The fuzzing entry point (`fuzz/fuzz_targets/mesh_protocol.rs`), not API.
@@ -636,6 +669,8 @@ pub mod names {
     pub const EVENT_PORT: u32 = 2;
     /// The controller's port of [`super::SpawnChild`] requests.
     pub const SPAWN_PORT: u32 = 3;
+    /// The controller's port of [`super::ProcStats`] reports.
+    pub const STATS_PORT: u32 = 4;
 }
 
 /// Encodes a value for the wire (postcard, as the control plane).
@@ -648,4 +683,91 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Bytes, String> {
 /// Decodes a value from the wire.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     postcard::from_bytes(bytes).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod stats_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn backend() -> impl Strategy<Value = regent_rdma::BackendTraffic> {
+        any::<[u64; 4]>().prop_map(|[a, b, c, d]| regent_rdma::BackendTraffic {
+            read_bytes: a,
+            reads: b,
+            written_bytes: c,
+            writes: d,
+        })
+    }
+
+    fn stats() -> impl Strategy<Value = ProcStats> {
+        (any::<[u64; 4]>(), backend(), backend(), backend()).prop_map(
+            |([a, b, c, d], shm, tcp, ibverbs)| ProcStats {
+                control: regent_net::ControlTraffic {
+                    frames_sent: a,
+                    bytes_sent: b,
+                    frames_received: c,
+                    bytes_received: d,
+                },
+                payload: regent_rdma::Traffic { shm, tcp, ibverbs },
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn any_report_round_trips_in_a_bounded_frame(s in stats()) {
+            let bytes = regent_net::wire::encode_payload(&s).unwrap();
+            // 16 varints of at most 10 bytes each.
+            prop_assert!(bytes.len() <= 160);
+            prop_assert_eq!(fuzz_decode_proc_stats(&bytes), Some(s));
+        }
+
+        #[test]
+        fn any_bytes_are_refused_or_decode_to_what_encodes_back(
+            bytes in proptest::collection::vec(any::<u8>(), 0..200)
+        ) {
+            if let Some(s) = fuzz_decode_proc_stats(&bytes) {
+                let again = regent_net::wire::encode_payload(&s).unwrap();
+                prop_assert_eq!(fuzz_decode_proc_stats(&again), Some(s));
+            }
+        }
+    }
+
+    #[test]
+    fn truncated_or_padded_reports_are_refused() {
+        let s = ProcStats::default();
+        let bytes = regent_net::wire::encode_payload(&s).unwrap();
+        assert!(fuzz_decode_proc_stats(&bytes[..bytes.len() - 1]).is_none());
+        let mut long = bytes.to_vec();
+        long.push(0);
+        assert!(fuzz_decode_proc_stats(&long).is_none());
+        // A varint longer than a u64 is refused.
+        let mut wide = vec![0xff; 11];
+        wide.extend_from_slice(&bytes[1..]);
+        assert!(fuzz_decode_proc_stats(&wide).is_none());
+    }
+
+    #[test]
+    fn the_committed_fuzz_seeds_decode() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/mesh_protocol");
+        for name in ["proc-stats-none", "proc-stats-busy"] {
+            let bytes = std::fs::read(dir.join(name)).unwrap();
+            assert!(fuzz_decode_proc_stats(&bytes).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn totals_cover_only_what_they_do_not_undercut() {
+        let mut a = ProcStats::default();
+        let b = a;
+        a.payload.tcp.reads = 1;
+        assert!(a.covers(&b) && !b.covers(&a));
+        a.control.bytes_received = 0;
+        let mut c = a;
+        c.control.frames_sent = 5;
+        c.payload.tcp.reads = 0;
+        assert!(!c.covers(&a) && !a.covers(&c));
+    }
 }

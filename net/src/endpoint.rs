@@ -64,6 +64,8 @@ pub(crate) struct Inner {
     events_tx: mpsc::Sender<TransportEvent>,
     events_rx: Mutex<Option<mpsc::Receiver<TransportEvent>>>,
     dropped_events: AtomicU64,
+    /// Message frames and their bytes, sent and received.
+    pub(crate) traffic: TrafficCounters,
     next_pair_epoch: AtomicU64,
     pub(crate) shutdown: watch::Sender<bool>,
     /// The runtime the endpoint was bound on, where all its tasks run. A
@@ -206,6 +208,68 @@ impl Inner {
         let mut ports: Vec<(PortId, PortEntry)> = lock(&self.ports).drain().collect();
         ports.sort_by(|(a, _), (b, _)| a.cmp(b));
         drop(ports);
+    }
+}
+
+/// The message frames an endpoint has sent and received on the network
+/// ([`Endpoint::traffic`]): each message once, counted with its whole frame
+/// (length prefix, envelope, payload) as it enters its pair's send window
+/// and as it arrives for delivery the first time (duplicates after a
+/// reconnect are not counted again). Local deliveries, acknowledgements,
+/// handshakes and QUIC's own overhead are not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ControlTraffic {
+    /// Message frames sent.
+    pub frames_sent: u64,
+    /// Their bytes.
+    pub bytes_sent: u64,
+    /// Message frames received.
+    pub frames_received: u64,
+    /// Their bytes.
+    pub bytes_received: u64,
+}
+
+impl ControlTraffic {
+    /// Whether every count of `self` is at least `earlier`'s (counts only
+    /// grow).
+    pub fn covers(&self, earlier: &Self) -> bool {
+        self.frames_sent >= earlier.frames_sent
+            && self.bytes_sent >= earlier.bytes_sent
+            && self.frames_received >= earlier.frames_received
+            && self.bytes_received >= earlier.bytes_received
+    }
+}
+
+/// The live counts of [`ControlTraffic`] (relaxed: one `fetch_add` per
+/// count per message).
+#[derive(Debug, Default)]
+pub(crate) struct TrafficCounters {
+    frames_sent: AtomicU64,
+    bytes_sent: AtomicU64,
+    frames_received: AtomicU64,
+    bytes_received: AtomicU64,
+}
+
+impl TrafficCounters {
+    pub(crate) fn sent(&self, frame_bytes: usize) {
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
+        self.bytes_sent
+            .fetch_add(frame_bytes as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn received(&self, frame_bytes: usize) {
+        self.frames_received.fetch_add(1, Ordering::Relaxed);
+        self.bytes_received
+            .fetch_add(frame_bytes as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> ControlTraffic {
+        ControlTraffic {
+            frames_sent: self.frames_sent.load(Ordering::Relaxed),
+            bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+            frames_received: self.frames_received.load(Ordering::Relaxed),
+            bytes_received: self.bytes_received.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -373,6 +437,7 @@ impl Endpoint {
             events_tx,
             events_rx: Mutex::new(Some(events_rx)),
             dropped_events: AtomicU64::new(0),
+            traffic: TrafficCounters::default(),
             next_pair_epoch: AtomicU64::new(1),
             shutdown: watch::Sender::new(false),
             runtime: tokio::runtime::Handle::current(),
@@ -530,6 +595,12 @@ impl Endpoint {
     pub fn open_pairs(&self, peer: &ProcId) -> usize {
         let session = lock(&self.inner.sessions).get(peer).cloned();
         session.map_or(0, |s| s.open_pairs())
+    }
+
+    /// The message frames this endpoint has sent and received on the
+    /// network so far.
+    pub fn traffic(&self) -> ControlTraffic {
+        self.inner.traffic.snapshot()
     }
 
     /// Events dropped because the event channel was full.

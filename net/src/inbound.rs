@@ -556,6 +556,7 @@ async fn receive_stream(
                         .await;
                     }
                 };
+                let frame_bytes = body.len() + wire::LENGTH_PREFIX_BYTES;
                 let envelope = match wire::decode_body::<ToReceiver>(&body) {
                     Ok(ToReceiver::Message(envelope)) => envelope,
                     Ok(ToReceiver::Open { .. }) => {
@@ -606,6 +607,7 @@ async fn receive_stream(
                 let seq = envelope.seq;
                 match w.arrive(&mut cursor, seq) {
                     Ok(Verdict::Deliver) => {
+                        inner.traffic.received(frame_bytes);
                         let outcome = inner.deliver_remote(envelope, role, &mut port_cache).await;
                         if let Err(cause) = &outcome {
                             tracing::debug!(proc = %inner.proc, %peer, seq = seq.0, %cause, "message rejected");

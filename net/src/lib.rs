@@ -79,7 +79,7 @@ pub mod tls;
 pub mod wire;
 
 pub use config::EndpointConfig;
-pub use endpoint::{Endpoint, HandshakeStats};
+pub use endpoint::{ControlTraffic, Endpoint, HandshakeStats};
 pub use error::{Error, LinkFailure, SendError, SendFailure, Undeliverable, UndeliveredCause};
 pub use event::{Direction, TransportEvent};
 pub use id::{

@@ -244,6 +244,7 @@ fn push(
     let max_frame_bytes = inner.config.max_frame_bytes;
     let frame = wire::encode_message_frame(&envelope, max_frame_bytes)
         .map_err(|e| Err(SendFailure::Wire(e)))?;
+    inner.traffic.sent(frame.len());
     state.last_send = Instant::now();
     state.window.push(
         seq,

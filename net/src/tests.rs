@@ -74,6 +74,44 @@ async fn recv(inbox: &mut Inbox) -> Delivery {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_message_frame_is_counted_once_by_its_sender_and_its_receiver() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let a = bind(&ca, "a", EndpointConfig::default());
+    let b = bind(&ca, "b", EndpointConfig::default());
+    a.add_route(b.addr());
+    let to = pid("b").actor("sink", 0).unwrap().port(0);
+    let mut inbox = b.open_port(to.clone()).unwrap();
+    let from = pid("a").actor("src", 0).unwrap();
+    assert_eq!(a.traffic(), ControlTraffic::default());
+    let sizes = [0usize, 10, 100_000];
+    for (i, n) in sizes.iter().enumerate() {
+        a.send(&from, &to, Generation(0), Blob(vec![i as u8; *n]))
+            .await
+            .unwrap();
+    }
+    for _ in sizes {
+        recv(&mut inbox).await;
+    }
+    let sent = a.traffic();
+    assert_eq!(sent.frames_sent, 3);
+    // Each frame holds its payload (and a little more: prefix, envelope).
+    let payload: usize = sizes.iter().sum();
+    assert!(sent.bytes_sent as usize > payload, "{sent:?}");
+    assert!((sent.bytes_sent as usize) < payload + 3 * 512, "{sent:?}");
+    let got = b.traffic();
+    assert_eq!(got.frames_received, 3);
+    assert_eq!(got.bytes_received, sent.bytes_sent, "the same frames");
+    assert_eq!((got.frames_sent, sent.frames_received), (0, 0));
+    // A local delivery is not on the network.
+    let local = pid("a").actor("local", 0).unwrap().port(0);
+    let mut local_inbox = a.open_port(local.clone()).unwrap();
+    a.send(&from, &local, Generation(0), Num(1)).await.unwrap();
+    recv(&mut local_inbox).await;
+    assert_eq!(a.traffic(), sent);
+    assert!(a.traffic().covers(&ControlTraffic::default()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_messages_arrive_in_order_per_pair_and_locally_without_encoding() {
     let ca = ClusterCa::generate("test").unwrap();
     let a = bind(&ca, "a", EndpointConfig::default());

@@ -84,6 +84,7 @@ mod manager;
 mod memory;
 mod shm;
 mod tcp;
+mod traffic;
 mod verbs;
 
 pub use access::{Access, Window};
@@ -99,6 +100,7 @@ pub use manager::{
 };
 pub use memory::{MEMFD_NAME_PREFIX, Memory};
 pub use tcp::TcpLoad;
+pub use traffic::{BackendTraffic, Traffic};
 pub use verbs::available as ibverbs_available;
 // The fuzzing entry points of the tcp backend's frames and headers (fuzz/),
 // not API.

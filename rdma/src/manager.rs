@@ -21,6 +21,7 @@ use crate::handle::{
 use crate::memory::{Memory, Region};
 use crate::shm::{PeerSegment, PeerSegments};
 use crate::tcp::{Conn, Registry, TcpClient, TcpLoad, TcpServer};
+use crate::traffic::{Counters, Traffic, Way};
 use crate::verbs;
 
 /// Operations of one batch run at once.
@@ -75,6 +76,8 @@ struct Inner {
     /// Large shm copies running off the worker threads at once.
     copy_permits: tokio::sync::Semaphore,
     sweeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// What this manager's operations moved.
+    traffic: Counters,
 }
 
 impl Drop for Inner {
@@ -592,6 +595,7 @@ impl BufferManager {
             verbs_staging: tokio::sync::Mutex::new(None),
             copy_permits: tokio::sync::Semaphore::new(config.shm_copy_threads.get() as usize),
             sweeper: Mutex::new(None),
+            traffic: Counters::default(),
             config,
         });
         let weak = Arc::downgrade(&inner);
@@ -624,6 +628,13 @@ impl BufferManager {
     /// Where the tcp backend serves this proc's buffers.
     pub fn tcp_addr(&self) -> SocketAddr {
         self.inner.tcp_server.addr()
+    }
+
+    /// What this manager's own operations have moved so far (bytes and
+    /// operations, read and written, by backend; operations that
+    /// completed, counted where they were started).
+    pub fn traffic(&self) -> Traffic {
+        self.inner.traffic.snapshot()
     }
 
     /// What the tcp server holds now: connections in each stage.
@@ -757,11 +768,15 @@ impl BufferManager {
         local: &mut [u8],
     ) -> Result<(), Error> {
         remote.check_range(offset, local.len() as u64)?;
-        match self.backend_for(remote)? {
+        let len = local.len();
+        let backend = self.backend_for(remote)?;
+        match backend {
             BackendKind::Shm => self.shm_read(remote, offset, local).await,
             BackendKind::Tcp => self.inner.tcp_client.read(remote, offset, local).await,
             BackendKind::Ibverbs => self.verbs_transfer(remote, offset, Dir::Read(local)).await,
-        }
+        }?;
+        self.inner.traffic.count(backend, Way::Read, len);
+        Ok(())
     }
 
     /// Reads `len` bytes at each `(remote, offset)` of `reads` and hands
@@ -857,6 +872,11 @@ impl BufferManager {
                 segment.check().map_err(at(i))?;
             }
         }
+        // The views were reads through shm (the others counted as reads
+        // where they ran).
+        for _ in segments.iter().flatten() {
+            self.inner.traffic.count(BackendKind::Shm, Way::Read, len);
+        }
         Ok(r)
     }
 
@@ -902,11 +922,14 @@ impl BufferManager {
         local: &[u8],
     ) -> Result<(), Error> {
         remote.check_range(offset, local.len() as u64)?;
-        match self.backend_for(remote)? {
+        let backend = self.backend_for(remote)?;
+        match backend {
             BackendKind::Shm => self.shm_write(remote, offset, local).await,
             BackendKind::Tcp => self.inner.tcp_client.write(remote, offset, local).await,
             BackendKind::Ibverbs => self.verbs_transfer(remote, offset, Dir::Write(local)).await,
-        }
+        }?;
+        self.inner.traffic.count(backend, Way::Write, local.len());
+        Ok(())
     }
 
     /// Runs a batch: every range is checked first (an out-of-range

@@ -105,6 +105,49 @@ async fn reads_and_writes_through_each_backend() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_completed_operation_is_counted_by_its_backend_where_it_started() {
+    let p = pair(ManagerConfig::default()).await;
+    let data = pattern(100_000, 9);
+    let a = p.owner.register(Memory::copy_from(&data).unwrap()).unwrap();
+    let b = p.owner.register(Memory::copy_from(&data).unwrap()).unwrap();
+    let (ha, hb) = (a.handle().clone(), b.handle().clone());
+    assert_eq!(p.reader.traffic(), Traffic::default());
+    let mut want = Traffic::default();
+    for kind in BACKENDS {
+        p.reader.set_backend_policy(BackendPolicy::Only(kind));
+        let mut got = vec![0u8; 70_000];
+        p.reader.read_into(&ha, 10, &mut got).await.unwrap();
+        p.reader.write_from(&ha, 0, &got[..1234]).await.unwrap();
+        // Refused before any transfer: not counted.
+        assert!(p.reader.read_into(&ha, 99_999, &mut got).await.is_err());
+        let mut batch = Batch::new();
+        let (x, y) = got.split_at_mut(500);
+        batch.read(&hb, 0, x).write(&hb, 0, &y[..300]);
+        p.reader.run(batch).await.unwrap();
+        // Views (shm) or reads into the scratch (tcp): two reads of 2000.
+        let mut scratch = vec![0u8; 4000];
+        p.reader
+            .read_many_with(&[(&ha, 0), (&hb, 0)], 2000, &mut scratch, |_| ())
+            .await
+            .unwrap();
+        let w = match kind {
+            BackendKind::Shm => &mut want.shm,
+            _ => &mut want.tcp,
+        };
+        *w = BackendTraffic {
+            read_bytes: 70_000 + 500 + 2 * 2000,
+            reads: 4,
+            written_bytes: 1234 + 300,
+            writes: 2,
+        };
+        assert_eq!(p.reader.traffic(), want, "{kind}");
+    }
+    // The owner started nothing.
+    assert_eq!(p.owner.traffic(), Traffic::default());
+    assert_eq!(want.total_bytes(), 2 * (70_000 + 500 + 4000 + 1234 + 300));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_range_is_an_error_for_each_backend() {
     let p = pair(ManagerConfig::default()).await;
     let buf = p.owner.register_new(4096).unwrap();

@@ -4,13 +4,15 @@
 //! mesh of this binary's procs behind chaos proxies, each round healed and
 //! checked against every invariant; a progress bar while it runs and a
 //! final report: faults injected by type, recoveries, detection and
-//! recovery latency p50/p99, invariant results.
+//! recovery latency p50/p99, invariant results. Its controller serves the
+//! admin endpoint (the live dashboard's link is printed as the run starts)
+//! as `regent train`'s does.
 //!
 //! Every run prints its seed; `--seed` replays the same fault timelines.
 
 use std::time::Duration;
 
-use regent_chaos::scenario::run;
+use regent_chaos::scenario::run_with;
 use regent_chaos::{
     ClusterConfig, FaultKind, FaultMix, Length, Report, Scenario, ScheduleConfig, Seed,
 };
@@ -32,9 +34,9 @@ pub(crate) struct SoakOptions {
     pub(crate) faults: Option<Vec<FaultKind>>,
     /// What becomes of procs' output.
     pub(crate) logs: regent_mesh::logs::LogMode,
-    /// Also write the report as a self-contained HTML file (the timeline
-    /// of failures and recoveries, the mesh, the report in words).
-    pub(crate) report_html: Option<std::path::PathBuf>,
+    /// The admin endpoint, and the HTML report (the timeline of failures
+    /// and recoveries, the mesh, the report in words).
+    pub(crate) admin: crate::admin::AdminOptions,
 }
 
 impl Default for SoakOptions {
@@ -47,7 +49,7 @@ impl Default for SoakOptions {
             round: Duration::from_secs(60),
             faults: None,
             logs: regent_mesh::logs::LogMode::Fold,
-            report_html: None,
+            admin: crate::admin::AdminOptions::default(),
         }
     }
 }
@@ -99,8 +101,9 @@ pub(crate) fn scenario(opts: &SoakOptions, seed: Seed) -> Scenario {
         .schedule(schedule)
 }
 
-/// Runs the soak: prints the seed, shows progress, and returns the report
-/// (the caller prints it and fails on violations).
+/// Runs the soak: prints the seed and the dashboard's link, shows
+/// progress, prints the report and returns it (the caller fails on
+/// violations).
 pub(crate) async fn soak(opts: SoakOptions) -> anyhow::Result<Report> {
     let seed = opts.seed.unwrap_or_else(Seed::from_entropy);
     let kinds: Vec<&str> = match &opts.faults {
@@ -139,30 +142,63 @@ pub(crate) async fn soak(opts: SoakOptions) -> anyhow::Result<Report> {
             .call_timeout(Duration::from_secs(8))
             .logs(regent_mesh::logs::LogConfig::default().mode(opts.logs)),
     );
-    let mut runtime = None;
-    let report = run(&scenario, cluster, Length::Duration(opts.duration), |p| {
-        runtime.get_or_insert_with(|| p.runtime.clone());
-        bar.set_message(format!(
-            "round {}, {} faults, generation {}, {} violation(s)",
-            p.rounds, p.faults, p.generation, p.violations
-        ));
-        if p.violations > 0 {
-            bar.println(format!(
-                "violations by round {} — its timeline:\n{}",
-                p.rounds, p.schedule
-            ));
+    // The controller, as soon as it runs: its admin endpoint serves the
+    // whole run.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let serve = async {
+        let rt: regent_mesh::Runtime = started_rx.await.ok()?;
+        match opts.admin.start(&rt, None).await {
+            Ok(admin) => Some((rt, admin)),
+            Err(e) => {
+                // The soak runs on without it.
+                eprintln!("regent chaos soak: no admin endpoint: {e}");
+                Some((rt, None))
+            }
         }
-    })
-    .await;
+    };
+    let soak = run_with(
+        &scenario,
+        cluster,
+        Length::Duration(opts.duration),
+        |rt| {
+            let _ = started_tx.send(rt.clone());
+        },
+        |p| {
+            bar.set_message(format!(
+                "round {}, {} faults, generation {}, {} violation(s)",
+                p.rounds, p.faults, p.generation, p.violations
+            ));
+            if p.violations > 0 {
+                bar.println(format!(
+                    "violations by round {} — its timeline:\n{}",
+                    p.rounds, p.schedule
+                ));
+            }
+        },
+    );
+    let (report, served) = tokio::join!(soak, serve);
     ticker.abort();
     bar.finish_and_clear();
     let report = report?;
-    if let (Some(path), Some(rt)) = (&opts.report_html, &runtime) {
+    println!("{report}");
+    let (runtime, admin) = served.unzip();
+    let admin = admin.flatten();
+    if let (Some(path), Some(rt)) = (&opts.admin.report_html, &runtime) {
         let title = format!("regent chaos soak: seed {seed}, {:?}", opts.duration);
         let text = report.to_string();
         let data = crate::admin::report_data(rt, &title, None, Some(&text));
         crate::admin::write_report(path, &data)?;
         println!("  report: {}", path.display());
+    }
+    if let Some(a) = &admin
+        && !opts.admin.linger.is_zero()
+    {
+        println!(
+            "  the dashboard stays up for {:?}: {}",
+            opts.admin.linger,
+            a.url()
+        );
+        tokio::time::sleep(opts.admin.linger).await;
     }
     Ok(report)
 }

@@ -193,13 +193,14 @@ enum ChaosCommand {
         /// once), `all`, `json` (one object a line) or `off`.
         #[arg(long, default_value = "fold")]
         logs: regent_mesh::logs::LogMode,
-        /// Also write the final report as a self-contained HTML file (the
-        /// timeline of failures and recoveries, the mesh, the report).
-        #[arg(long)]
-        report_html: Option<PathBuf>,
         /// Each round's fault phase.
         #[arg(long, default_value = "60s", value_parser = args::parse_duration)]
         round: std::time::Duration,
+        /// The admin endpoint (the live dashboard: the mesh, the timeline of
+        /// failures and recoveries; status; metrics) and the HTML report
+        /// (the same page, with the report in words).
+        #[command(flatten)]
+        admin: admin::AdminOptions,
     },
 }
 
@@ -287,8 +288,8 @@ fn main() -> anyhow::Result<()> {
                     per_proc,
                     faults,
                     logs,
-                    report_html,
                     round,
+                    admin,
                 },
         } => {
             let opts = chaos::SoakOptions {
@@ -301,11 +302,10 @@ fn main() -> anyhow::Result<()> {
                     .transpose()
                     .map_err(anyhow::Error::msg)?,
                 logs,
-                report_html,
                 round,
+                admin,
             };
             let report = rt.block_on(chaos::soak(opts))?;
-            println!("{report}");
             if report.violations() > 0 {
                 anyhow::bail!("{} invariant violation(s)", report.violations());
             }

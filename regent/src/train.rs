@@ -401,9 +401,6 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         }
     };
     bar.finish_and_clear();
-    for d in &report.detection {
-        runtime.observe_detection(*d);
-    }
     if let Some(a) = &admin {
         a.done();
     }

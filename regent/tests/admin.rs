@@ -102,9 +102,15 @@ impl Drop for Group {
 /// `regent train` with a SIGKILL every `every` on 2 procs of the small MLP,
 /// its dashboard kept up 30 s after the report.
 fn train(dir: &Path, every: &str, extra: &[&str]) -> Group {
+    train_steps(dir, 300, every, extra)
+}
+
+/// `train` for `steps` steps.
+fn train_steps(dir: &Path, steps: u64, every: &str, extra: &[&str]) -> Group {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_regent"));
     cmd.args(["train", "--procs", "2", "--model", "mlp-small", "--steps"])
-        .args(["300", "--step-timeout", "1s", "--checkpoint-every", "50"])
+        .arg(steps.to_string())
+        .args(["--step-timeout", "1s", "--checkpoint-every", "50"])
         .arg("--chaos")
         .arg(format!("kill:{every}"))
         .args(["--linger", "30s", "--fresh", "--run-dir"])
@@ -210,7 +216,8 @@ fn status_and_metrics_of_a_job_whose_procs_are_killed() {
         "regent_recovery_seconds_count",
         "regent_calls_total",
         "regent_casts_total",
-        "regent_control_frames_sent_total",
+        "regent_cast_frames_sent_total",
+        "regent_control_frames_sent_total{side=\"controller\"}",
         "regent_train_step",
     ] {
         assert!(
@@ -254,6 +261,129 @@ fn status_and_metrics_of_a_job_whose_procs_are_killed() {
         metric(&metrics, "regent_detection_seconds_count").is_some_and(|c| c >= 1.0),
         "{metrics}"
     );
+    drop(job);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The sum of the lines of metric `prefix` (a name, and the start of its
+/// labels if any: `name{a="x"` sums every series with that label first).
+fn metric_sum(text: &str, prefix: &str) -> f64 {
+    let name_of = |l: &str| l.split(['{', ' ']).next().unwrap_or("").to_owned();
+    let name = name_of(prefix);
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with(prefix) && name_of(l) == name)
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// The small MLP's gradient: 26,896 f32 parameters.
+const MLP_SMALL_GRADIENT_BYTES: f64 = 26_896.0 * 4.0;
+
+/// Scrapes `addr`'s metrics until `done` says so (with the text).
+fn scrape_until(job: &Group, addr: &str, what: &str, mut done: impl FnMut(&str) -> bool) -> String {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let text = try_status(&[addr, "--metrics"]).unwrap_or_default();
+        if done(&text) {
+            return text;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what}; metrics:\n{text}\ncontroller:\n{}",
+            job.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn traffic_per_plane_and_detections_are_counted_while_the_job_runs() {
+    let dir = run_dir("traffic");
+    // Long enough that the job is still running when every check is done
+    // (it is killed then).
+    let steps = 100_000.0;
+    let job = train_steps(&dir, 100_000, "3s", &[]);
+    let url = job.line("dashboard: ");
+    let addr = url
+        .strip_prefix("http://")
+        .and_then(|u| u.strip_suffix('/'))
+        .expect("a loopback link")
+        .to_owned();
+    let step = |t: &str| metric(t, "regent_train_step").unwrap_or(0.0);
+    // A fault's detection is observed when it happens, not at the job's
+    // end.
+    let live = scrape_until(&job, &addr, "no detection while the job runs", |t| {
+        metric(t, "regent_detection_seconds_count").is_some_and(|c| c >= 1.0) && step(t) < steps
+    });
+    assert!(
+        metric_sum(&live, "regent_detection_seconds_sum") > 0.0,
+        "{live}"
+    );
+    // The payload plane: the procs' reports (every lease / 3) of their
+    // one-sided reads and writes. Two procs on one host: shm.
+    let first = scrape_until(&job, &addr, "no 100 steps", |t| step(t) >= 100.0);
+    let steps_then = step(&first);
+    // Two renewals later every live proc has reported the work of those
+    // steps.
+    std::thread::sleep(Duration::from_secs(4));
+    let later = try_status(&[&addr, "--metrics"]).expect("metrics");
+    let payload = metric_sum(&later, "regent_payload_bytes_total");
+    let shm = metric_sum(&later, "regent_payload_bytes_total{backend=\"shm\"");
+    assert_eq!(payload, shm, "only shm between procs of one host: {later}");
+    // Each step each rank reads and writes its half of the other's
+    // gradient: 2 gradients a step in all. A proc killed before its next
+    // report takes at most a lease / 3 of its counts with it; half of
+    // that is a wide margin.
+    assert!(
+        payload >= MLP_SMALL_GRADIENT_BYTES * steps_then,
+        "{payload} bytes after {steps_then} steps: {later}"
+    );
+    // And not wildly more: the steps so far (and some redone), the heals
+    // (a few states of 3 gradients each), 2 gradients a step.
+    let steps_now = step(&later);
+    assert!(
+        payload <= 16.0 * MLP_SMALL_GRADIENT_BYTES * (steps_now + 200.0),
+        "{payload} bytes after {steps_now} steps: {later}"
+    );
+    assert!(
+        metric_sum(
+            &later,
+            "regent_payload_ops_total{backend=\"shm\",op=\"read\"}"
+        ) >= 1.0,
+        "{later}"
+    );
+    assert!(
+        metric_sum(&later, "regent_proc_payload_bytes_total{") > 0.0,
+        "per live proc: {later}"
+    );
+    // The control plane, both sides, growing.
+    for name in [
+        "regent_control_frames_sent_total",
+        "regent_control_bytes_sent_total",
+        "regent_control_frames_received_total",
+        "regent_control_bytes_received_total",
+    ] {
+        for side in ["controller", "procs"] {
+            let series = format!("{name}{{side=\"{side}\"}}");
+            let (a, b) = (metric(&first, &series), metric(&later, &series));
+            assert!(
+                a.is_some_and(|a| a > 0.0) && b > a,
+                "{series}: {a:?} then {b:?}: {later}"
+            );
+        }
+    }
+    // A frame is at least its length prefix and envelope.
+    let frames = metric(
+        &later,
+        "regent_control_frames_sent_total{side=\"controller\"}",
+    )
+    .unwrap();
+    let bytes = metric(
+        &later,
+        "regent_control_bytes_sent_total{side=\"controller\"}",
+    )
+    .unwrap();
+    assert!(bytes >= 20.0 * frames, "{bytes} bytes in {frames} frames");
     drop(job);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -523,7 +653,7 @@ fn the_dashboard_shows_a_killed_rank_fail_and_recover_in_a_real_browser() {
 }
 
 #[test]
-fn a_chaos_soak_writes_its_report_as_html() {
+fn a_chaos_soak_serves_its_dashboard_and_writes_its_report_as_html() {
     let dir = run_dir("soak");
     let report = dir.join("soak.html");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_regent"));
@@ -544,13 +674,53 @@ fn a_chaos_soak_writes_its_report_as_html() {
         "1",
         "--faults",
         "kill",
+        "--linger",
+        "30s",
         "--report-html",
     ])
     .arg(&report)
     .env("RUST_LOG", "error")
     .env("RUST_BACKTRACE", "0");
     let soak = Group::start(cmd, dir.join("soak.log"));
+    // The live dashboard's link, printed as the run starts (before the
+    // report), and its status shows the soak's mesh.
+    let url = soak.line("dashboard: ");
+    let addr = url
+        .strip_prefix("http://")
+        .and_then(|u| u.strip_suffix('/'))
+        .expect("a loopback link without a token")
+        .to_owned();
+    let until = Instant::now() + DEADLINE;
+    let tree = loop {
+        let tree = try_status(&[&addr]).unwrap_or_default();
+        if tree.contains("mesh tally") {
+            break tree;
+        }
+        assert!(
+            Instant::now() < until,
+            "no mesh tally in the soak's status:\n{tree}\n{}",
+            soak.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(tree.contains("owner the controller"), "{tree}");
     soak.line("  report: ");
+    let out = soak.output();
+    assert!(
+        out.find("dashboard: ") < out.find("  report: "),
+        "the link comes first: {out}"
+    );
+    // Lingering, the endpoint still answers: the kill is in its metrics,
+    // and so is its detection (observed by the soak as it matched it).
+    let metrics = status(&[&addr, "--metrics"]);
+    assert!(
+        metric(&metrics, "regent_failures_total{cause=\"killed\"}").is_some_and(|k| k >= 1.0),
+        "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "regent_detection_seconds_count").is_some_and(|c| c >= 1.0),
+        "{metrics}"
+    );
     let html = std::fs::read_to_string(&report).expect("the HTML report");
     let data = html
         .split("window.REGENT_DATA = ")

@@ -26,7 +26,9 @@ use crate::entropy::Entropy;
 use crate::error::MemberError;
 use crate::fabric::{Fabric, NetFabric, Pending};
 use crate::member::{KnownMesh, ProcServices};
-use crate::protocol::{CastFrame, Contribution, MeshId, ProcCommand, ProcReply, ReplyBody, names};
+use crate::protocol::{
+    CastFrame, Contribution, MeshId, ProcCommand, ProcReply, ProcStats, ReplyBody, names,
+};
 use crate::registry::ActorTypes;
 use crate::selection::Selected;
 use crate::shape::Rank;
@@ -532,6 +534,34 @@ fn proc_actor(endpoint: &Endpoint) -> Result<ActorId, ProcError> {
     })
 }
 
+/// A proc's reports of its traffic to its owner ([`ProcStats`]).
+struct StatsReport {
+    buffers: Arc<BufferManager>,
+    /// The owner's stats port.
+    to: PortId,
+    /// The totals last sent.
+    last: ProcStats,
+}
+
+impl StatsReport {
+    /// Sends the totals if they changed since the last report; never
+    /// waits (a full send buffer skips this report: the next one carries
+    /// the totals).
+    fn send(&mut self, endpoint: &Endpoint, me: &ActorId) {
+        let now = ProcStats {
+            control: endpoint.traffic(),
+            payload: self.buffers.traffic(),
+        };
+        if now == self.last {
+            return;
+        }
+        match endpoint.try_send(me, &self.to, regent_net::Generation(0), now) {
+            Ok(()) => self.last = now,
+            Err(e) => tracing::debug!(error = %e.failure, "a stats report was not sent"),
+        }
+    }
+}
+
 /// Serves this proc until its owner tells it to exit, its owner's lease
 /// lapses, its endpoint closes, or a member cannot be stopped. `ready` runs
 /// once the proc's ports are open (it tells the host agent the proc is
@@ -568,6 +598,18 @@ where
             }
         })
     };
+    // What this proc has moved, told to its owner at each renewal.
+    let owner_stats = ActorId {
+        proc: owner.clone(),
+        name: regent_net::ActorName::new(names::CONTROLLER)?,
+        index: 0,
+    }
+    .port(names::STATS_PORT);
+    let mut stats = buffers.clone().map(|buffers| StatsReport {
+        buffers,
+        to: owner_stats,
+        last: ProcStats::default(),
+    });
     let mut rt = ProcRuntime::start(
         fabric.clone(),
         pending,
@@ -605,6 +647,11 @@ where
         if from_owner {
             // Any command from the owner shows it is alive.
             lease = tokio::time::Instant::now() + owner_lease;
+            if matches!(cmd, ProcCommand::Renew | ProcCommand::Exit)
+                && let Some(stats) = &mut stats
+            {
+                stats.send(&endpoint, &fabric.me);
+            }
         }
         if let Some(exit) = rt.handle(cmd, from_owner, &sender).await {
             break exit;

@@ -36,6 +36,14 @@ impl Leases {
         self.leased.lock().expect("leased lock").remove(proc);
     }
 
+    pub(super) fn is_leased(&self, proc: &ProcId) -> bool {
+        self.leased.lock().expect("leased lock").contains(proc)
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.leased.lock().expect("leased lock").len()
+    }
+
     pub(super) fn abandon(&self, proc: &ProcId) {
         self.release(proc);
         let mut abandoned = self.abandoned.lock().expect("abandoned lock");

@@ -173,6 +173,7 @@ impl Runtime {
         let replies = endpoint.open_port(actor.port(names::REPLY_PORT))?;
         let events = endpoint.open_port(actor.port(names::EVENT_PORT))?;
         let spawns = endpoint.open_port(actor.port(names::SPAWN_PORT))?;
+        let stats = endpoint.open_port(actor.port(names::STATS_PORT))?;
         let transport = endpoint.take_events();
         let (job, _) = watch::channel(None);
         let fabric = Arc::new(NetFabric::new(endpoint, actor.clone()));
@@ -211,6 +212,7 @@ impl Runtime {
             tokio::spawn(routing::dispatch_replies(rt.inner.pending.clone(), replies)),
             tokio::spawn(routing::route_member_exits(weak.clone(), events)),
             tokio::spawn(routing::route_spawn_requests(weak.clone(), spawns)),
+            tokio::spawn(routing::route_proc_stats(weak.clone(), stats)),
             tokio::spawn(leases::renew(weak.clone())),
         ];
         if let Some(transport) = transport {
@@ -285,7 +287,9 @@ impl Runtime {
 
     /// Every metric of this runtime in the Prometheus text format.
     pub fn render_metrics(&self) -> String {
-        self.inner.observer.render(self.frames_sent())
+        self.inner
+            .observer
+            .render(self.frames_sent(), self.endpoint().traffic())
     }
 
     /// Runs `f` on this runtime's metrics registry (to register more

@@ -9,7 +9,7 @@
 //! supervisors after they decide, and the times are tokio's clock relative
 //! to the runtime's start (simulated under a paused runtime).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -20,7 +20,11 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
+use regent_net::{ControlTraffic, ProcId};
+use regent_rdma::BackendTraffic;
+
 use crate::policy::{FailureCause, MeshFailure, ProcStatus};
+use crate::protocol::ProcStats;
 
 /// How many events the journal keeps (the oldest go first).
 pub const MAX_EVENTS: usize = 1024;
@@ -117,6 +121,107 @@ struct CauseLabel {
     cause: String,
 }
 
+/// Whose control-plane frames: the controller's own (`controller`) or
+/// its procs' as they report them (`procs`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SideLabel {
+    side: &'static str,
+}
+
+/// A payload-plane counter's labels: the backend (`shm`, `tcp`,
+/// `ibverbs`) and the way (`read`, `write`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PayloadLabel {
+    backend: &'static str,
+    op: &'static str,
+}
+
+/// A proc's label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProcLabel {
+    proc: String,
+}
+
+/// The control plane's counters, by side.
+#[derive(Default)]
+struct ControlCounters {
+    frames_sent: Family<SideLabel, Counter>,
+    bytes_sent: Family<SideLabel, Counter>,
+    frames_received: Family<SideLabel, Counter>,
+    bytes_received: Family<SideLabel, Counter>,
+}
+
+impl ControlCounters {
+    /// Adds what grew from `before` to `now` on `side`.
+    fn add(&self, side: &'static str, before: &ControlTraffic, now: &ControlTraffic) {
+        let label = SideLabel { side };
+        for (family, b, n) in [
+            (&self.frames_sent, before.frames_sent, now.frames_sent),
+            (&self.bytes_sent, before.bytes_sent, now.bytes_sent),
+            (
+                &self.frames_received,
+                before.frames_received,
+                now.frames_received,
+            ),
+            (
+                &self.bytes_received,
+                before.bytes_received,
+                now.bytes_received,
+            ),
+        ] {
+            family.get_or_create(&label).inc_by(n.saturating_sub(b));
+        }
+    }
+}
+
+/// The payload plane's counters, by backend and way.
+#[derive(Default)]
+struct PayloadCounters {
+    bytes: Family<PayloadLabel, Counter>,
+    ops: Family<PayloadLabel, Counter>,
+    /// Bytes read and written, per live proc.
+    per_proc: Family<ProcLabel, Counter>,
+}
+
+impl PayloadCounters {
+    fn add(&self, proc: &ProcId, before: &regent_rdma::Traffic, now: &regent_rdma::Traffic) {
+        let mut grew = 0u64;
+        for (backend, b, n) in [
+            ("shm", &before.shm, &now.shm),
+            ("tcp", &before.tcp, &now.tcp),
+            ("ibverbs", &before.ibverbs, &now.ibverbs),
+        ] {
+            let (b, n): (&BackendTraffic, &BackendTraffic) = (b, n);
+            let read = PayloadLabel {
+                backend,
+                op: "read",
+            };
+            let write = PayloadLabel {
+                backend,
+                op: "write",
+            };
+            let read_bytes = n.read_bytes.saturating_sub(b.read_bytes);
+            let written_bytes = n.written_bytes.saturating_sub(b.written_bytes);
+            grew = grew
+                .saturating_add(read_bytes)
+                .saturating_add(written_bytes);
+            self.bytes.get_or_create(&read).inc_by(read_bytes);
+            self.bytes.get_or_create(&write).inc_by(written_bytes);
+            self.ops
+                .get_or_create(&read)
+                .inc_by(n.reads.saturating_sub(b.reads));
+            self.ops
+                .get_or_create(&write)
+                .inc_by(n.writes.saturating_sub(b.writes));
+        }
+        self.per_proc
+            .get_or_create(&ProcLabel {
+                proc: proc.to_string(),
+            })
+            .inc_by(grew);
+    }
+}
+
 /// The kind of a failure cause, as labels and records name it: `killed`
 /// (the proc ended by a signal), `exited`, `host_lost`, `link_failed`,
 /// `panicked`, `actor_failed`, `stopped`, `start_failed`, `escalated`,
@@ -148,7 +253,14 @@ pub(crate) struct Observer {
     pub(crate) restarts: Counter,
     recovery: Histogram,
     detection: Histogram,
-    frames: Counter,
+    /// Cast-tree frames the controller sent itself.
+    cast_frames: Counter,
+    control: ControlCounters,
+    /// The controller's own control traffic counted so far.
+    control_seen: Mutex<ControlTraffic>,
+    payload: PayloadCounters,
+    /// Each reporting proc's last totals.
+    procs: Mutex<HashMap<ProcId, ProcStats>>,
     journal: Mutex<Journal>,
 }
 
@@ -172,7 +284,9 @@ impl Observer {
         let restarts = Counter::default();
         let recovery = Histogram::new(latency_buckets());
         let detection = Histogram::new(latency_buckets());
-        let frames = Counter::default();
+        let cast_frames = Counter::default();
+        let control = ControlCounters::default();
+        let payload = PayloadCounters::default();
         registry.register(
             "casts",
             "Casts (deliveries without replies) the controller rooted",
@@ -204,9 +318,44 @@ impl Observer {
             detection.clone(),
         );
         registry.register(
+            "cast_frames_sent",
+            "Cast-tree frames (commands to procs) the controller sent itself",
+            cast_frames.clone(),
+        );
+        registry.register(
             "control_frames_sent",
-            "Control-plane frames (cast-tree commands) the controller sent",
-            frames.clone(),
+            "Control-plane message frames sent on the network, by the controller or its procs (side)",
+            control.frames_sent.clone(),
+        );
+        registry.register(
+            "control_bytes_sent",
+            "Bytes of those frames (prefix, envelope, payload)",
+            control.bytes_sent.clone(),
+        );
+        registry.register(
+            "control_frames_received",
+            "Control-plane message frames received from the network, by the controller or its procs (side)",
+            control.frames_received.clone(),
+        );
+        registry.register(
+            "control_bytes_received",
+            "Bytes of those frames",
+            control.bytes_received.clone(),
+        );
+        registry.register(
+            "payload_bytes",
+            "Payload-plane bytes procs read and wrote one-sidedly, by backend and op, as they reported them",
+            payload.bytes.clone(),
+        );
+        registry.register(
+            "payload_ops",
+            "Payload-plane reads and writes procs completed, by backend and op",
+            payload.ops.clone(),
+        );
+        registry.register(
+            "proc_payload_bytes",
+            "Payload-plane bytes each live proc read and wrote (all backends)",
+            payload.per_proc.clone(),
         );
         Self {
             registry: Mutex::new(registry),
@@ -216,7 +365,11 @@ impl Observer {
             restarts,
             recovery,
             detection,
-            frames,
+            cast_frames,
+            control,
+            control_seen: Mutex::new(ControlTraffic::default()),
+            payload,
+            procs: Mutex::new(HashMap::new()),
             journal: Mutex::new(Journal::default()),
         }
     }
@@ -281,6 +434,40 @@ impl Observer {
         self.detection.observe(after.as_secs_f64());
     }
 
+    /// A proc's report of its totals: what grew since its last report is
+    /// added. Totals that shrank are not a proc's (they only grow): the
+    /// report is refused.
+    pub(crate) fn proc_stats(&self, proc: &ProcId, now: ProcStats) -> bool {
+        let mut procs = self.procs.lock().expect("procs lock");
+        let before = procs.get(proc).copied().unwrap_or_default();
+        if !now.covers(&before) {
+            return false;
+        }
+        self.control.add("procs", &before.control, &now.control);
+        self.payload.add(proc, &before.payload, &now.payload);
+        procs.insert(proc.clone(), now);
+        true
+    }
+
+    /// Forgets the procs `keep` refuses (gone: their series end).
+    pub(crate) fn forget_procs(&self, keep: impl Fn(&ProcId) -> bool) {
+        let mut procs = self.procs.lock().expect("procs lock");
+        procs.retain(|p, _| {
+            let kept = keep(p);
+            if !kept {
+                self.payload.per_proc.remove(&ProcLabel {
+                    proc: p.to_string(),
+                });
+            }
+            kept
+        });
+    }
+
+    /// Procs whose totals are remembered.
+    pub(crate) fn reporting_procs(&self) -> usize {
+        self.procs.lock().expect("procs lock").len()
+    }
+
     fn push(&self, mut event: RuntimeEvent) {
         let mut j = self.journal.lock().expect("journal lock");
         event.seq = j.next;
@@ -301,14 +488,22 @@ impl Observer {
         f(&mut self.registry.lock().expect("registry lock"))
     }
 
-    /// The Prometheus text format of every metric; `frames` is the
-    /// controller's count of frames sent now.
-    pub(crate) fn render(&self, frames: u64) -> String {
+    /// The Prometheus text format of every metric; `cast_frames` is the
+    /// controller's count of cast-tree frames sent now, `control` its
+    /// endpoint's traffic now.
+    pub(crate) fn render(&self, cast_frames: u64, control: ControlTraffic) -> String {
         let registry = self.registry.lock().expect("registry lock");
-        // A counter of another's count: brought up to it under the lock.
-        let seen = self.frames.get();
-        if frames > seen {
-            self.frames.inc_by(frames - seen);
+        // Counters of others' counts: brought up to them under the lock.
+        let seen = self.cast_frames.get();
+        if cast_frames > seen {
+            self.cast_frames.inc_by(cast_frames - seen);
+        }
+        {
+            let mut seen = self.control_seen.lock().expect("control lock");
+            if control.covers(&seen) {
+                self.control.add("controller", &seen, &control);
+                *seen = control;
+            }
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry)
@@ -373,5 +568,96 @@ impl MeshRecord {
         } else {
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(text: &str, series: &str) -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn procs_totals_add_what_grew_and_shrinking_ones_are_refused() {
+        let o = Observer::new();
+        let (a, b) = (ProcId::new("a").unwrap(), ProcId::new("b").unwrap());
+        let mut s = ProcStats::default();
+        s.payload.shm.read_bytes = 100;
+        s.payload.shm.reads = 1;
+        s.control.frames_sent = 3;
+        assert!(o.proc_stats(&a, s));
+        s.payload.shm.read_bytes = 250;
+        s.payload.shm.reads = 2;
+        assert!(o.proc_stats(&a, s));
+        let mut t = ProcStats::default();
+        t.payload.tcp.written_bytes = 7;
+        t.payload.tcp.writes = 1;
+        assert!(o.proc_stats(&b, t));
+        // Totals that shrank are not a proc's: nothing of them counts.
+        let mut shrunk = s;
+        shrunk.payload.shm.read_bytes = 10;
+        shrunk.control.frames_sent = 1000;
+        assert!(!o.proc_stats(&a, shrunk));
+        let text = o.render(0, ControlTraffic::default());
+        let bytes = |backend: &str, op: &str| {
+            line(
+                &text,
+                &format!("regent_payload_bytes_total{{backend=\"{backend}\",op=\"{op}\"}}"),
+            )
+        };
+        assert_eq!(bytes("shm", "read"), Some(250), "{text}");
+        assert_eq!(bytes("tcp", "write"), Some(7), "{text}");
+        assert_eq!(
+            line(&text, "regent_control_frames_sent_total{side=\"procs\"}"),
+            Some(3)
+        );
+        assert_eq!(
+            line(&text, "regent_proc_payload_bytes_total{proc=\"a\"}"),
+            Some(250)
+        );
+        // A gone proc's series ends; the totals stay.
+        o.forget_procs(|p| *p != a);
+        let text = o.render(0, ControlTraffic::default());
+        assert_eq!(
+            line(&text, "regent_proc_payload_bytes_total{proc=\"a\"}"),
+            None
+        );
+        assert_eq!(
+            line(&text, "regent_proc_payload_bytes_total{proc=\"b\"}"),
+            Some(7)
+        );
+        assert_eq!(o.reporting_procs(), 1);
+        assert!(text.contains("regent_payload_bytes_total{backend=\"shm\",op=\"read\"} 250"));
+    }
+
+    #[test]
+    fn the_controllers_own_traffic_is_brought_up_to_its_endpoints_at_each_render() {
+        let o = Observer::new();
+        let mut c = ControlTraffic {
+            frames_sent: 2,
+            bytes_sent: 90,
+            frames_received: 1,
+            bytes_received: 40,
+        };
+        o.render(5, c);
+        c.bytes_sent = 150;
+        let text = o.render(6, c);
+        let side = "{side=\"controller\"}";
+        assert_eq!(
+            line(&text, &format!("regent_control_bytes_sent_total{side}")),
+            Some(150)
+        );
+        assert_eq!(
+            line(&text, &format!("regent_control_frames_sent_total{side}")),
+            Some(2)
+        );
+        assert_eq!(
+            line(&text, &format!("regent_control_bytes_received_total{side}")),
+            Some(40)
+        );
+        assert_eq!(line(&text, "regent_cast_frames_sent_total"), Some(6));
     }
 }

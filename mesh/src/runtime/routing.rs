@@ -12,7 +12,7 @@ use super::supervise::Signal;
 use super::{Inner, Runtime};
 use crate::alloc::{Allocator, ProcEvent};
 use crate::fabric::Pending;
-use crate::protocol::{MemberExited, ProcCommand, ProcReply, ReplyBody, SpawnChild};
+use crate::protocol::{MemberExited, ProcCommand, ProcReply, ProcStats, ReplyBody, SpawnChild};
 
 pub(super) async fn dispatch_replies(pending: Arc<Pending>, mut replies: regent_net::Inbox) {
     while let Some(delivery) = replies.recv().await {
@@ -46,6 +46,34 @@ pub(super) async fn route_member_exits(inner: Weak<Inner>, mut events: regent_ne
                 }
             }
             Err(e) => tracing::warn!(error = %e, "undecodable member exit dropped"),
+        }
+    }
+}
+
+/// Procs' reports of their traffic ([`ProcStats`]): taken from the procs
+/// this controller leases only, added to the metrics.
+pub(super) async fn route_proc_stats(inner: Weak<Inner>, mut reports: regent_net::Inbox) {
+    while let Some(delivery) = reports.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        let sender = delivery.sender.proc.clone();
+        if !inner.leases.is_leased(&sender) {
+            tracing::debug!(from = %sender, "a stats report from a proc not leased here dropped");
+            continue;
+        }
+        match delivery.decode::<ProcStats>() {
+            Ok(stats) => {
+                if !inner.observer.proc_stats(&sender, stats) {
+                    tracing::warn!(from = %sender, "a stats report whose totals shrank refused");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(from = %sender, error = %e, "undecodable stats report dropped")
+            }
+        }
+        // Procs no longer leased (dead, stopped, replaced) are forgotten,
+        // and their series end, once more procs are remembered than live.
+        if inner.observer.reporting_procs() > inner.leases.count() {
+            inner.observer.forget_procs(|p| inner.leases.is_leased(p));
         }
     }
 }

@@ -422,6 +422,18 @@ pub(crate) struct AdminOptions {
     pub(crate) report_html: Option<PathBuf>,
 }
 
+impl Default for AdminOptions {
+    /// As the command line's defaults: on loopback, any port.
+    fn default() -> Self {
+        Self {
+            admin: "127.0.0.1:0".into(),
+            admin_token_file: None,
+            linger: Duration::ZERO,
+            report_html: None,
+        }
+    }
+}
+
 impl AdminOptions {
     /// Starts the endpoint for `rt` (unless `--admin off`), prints its
     /// link, and records its address in `dir` (if given).

@@ -418,7 +418,8 @@ impl std::fmt::Display for Report {
 }
 
 /// Shared records of the fault injector, the failure watcher and the
-/// controller's loop.
+/// controller's loop. Every time in it is taken under its lock, so the
+/// records are in the order of their times.
 #[derive(Default)]
 struct Log {
     faults: Vec<(Instant, FaultKind)>,
@@ -427,12 +428,44 @@ struct Log {
     /// What each of them was (`MeshFailure`'s text: a dead proc's last
     /// lines among it), in the same order.
     causes: Vec<String>,
-    /// Every failure seen, by the supervision, the step deadline or the
-    /// finiteness check (a fault's detection is the first after it).
-    seen: Vec<Instant>,
+    /// From each fault detected to the first failure seen after it (by
+    /// the supervision, the step deadline or the finiteness check) and
+    /// before the next fault, in the order of the faults.
+    detections: Vec<Duration>,
+    /// Whether the last fault was detected.
+    last_detected: bool,
     /// A rank to poison at the next step not poisoned before (a `nan`
     /// fault waiting for its step).
     poison: Option<u32>,
+    /// Where each detection is observed as it happens
+    /// (`regent_detection_seconds`).
+    runtime: Option<regent_mesh::Runtime>,
+}
+
+impl Log {
+    /// A fault of `kind` is injected now.
+    fn fault(&mut self, kind: FaultKind) {
+        self.faults.push((Instant::now(), kind));
+        self.last_detected = false;
+    }
+
+    /// A failure is seen now: the detection of the last fault, if it is
+    /// the first failure seen since then.
+    fn seen(&mut self) {
+        let now = Instant::now();
+        let Some((t, _)) = self.faults.last() else {
+            return;
+        };
+        if self.last_detected {
+            return;
+        }
+        self.last_detected = true;
+        let after = now.duration_since(*t);
+        self.detections.push(after);
+        if let Some(rt) = &self.runtime {
+            rt.observe_detection(after);
+        }
+    }
 }
 
 fn answers(vm: &regent_mesh::ValueMesh<TrainerReply>) -> Vec<&TrainerReply> {
@@ -510,7 +543,10 @@ pub async fn run_job(
             return Err(e.into());
         }
     };
-    let log = Arc::new(Mutex::new(Log::default()));
+    let log = Arc::new(Mutex::new(Log {
+        runtime: Some(cluster.runtime.clone()),
+        ..Log::default()
+    }));
     let mut report = Report::default();
     let result = drive(
         &config,
@@ -579,7 +615,7 @@ async fn drive(
                         let now = Instant::now();
                         l.failures.push(now);
                         l.causes.push(failure.to_string());
-                        l.seen.push(now);
+                        l.seen();
                     }
                     // Missed ones still count (as one, seen now).
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
@@ -587,7 +623,7 @@ async fn drive(
                         let now = Instant::now();
                         l.failures.push(now);
                         l.causes.push("failures missed (the watcher lagged)".into());
-                        l.seen.push(now);
+                        l.seen();
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 }
@@ -627,21 +663,14 @@ async fn drive(
     {
         let l = log.lock().expect("log lock");
         let mut counts: std::collections::BTreeMap<FaultKind, u32> = Default::default();
-        for (i, (t, k)) in l.faults.iter().enumerate() {
+        for (_, k) in &l.faults {
             *counts.entry(*k).or_default() += 1;
-            // The first failure seen after the fault and before the next
-            // one; a fault nothing saw (a pause that ended before any
-            // deadline) is counted apart.
-            let next = l.faults.get(i + 1).map(|(n, _)| *n);
-            match l
-                .seen
-                .iter()
-                .find(|f| *f >= t && next.is_none_or(|n| **f < n))
-            {
-                Some(seen) => report.detection.push(seen.duration_since(*t)),
-                None => report.undetected += 1,
-            }
         }
+        // Each fault's detection was recorded (and observed) when it
+        // happened; a fault nothing saw (a pause that ended before any
+        // deadline) is counted apart.
+        report.detection = l.detections.clone();
+        report.undetected = u32::try_from(l.faults.len() - l.detections.len()).unwrap_or(u32::MAX);
         report.faults = counts.into_iter().collect();
         report.failures = l.failures.len() as u32;
     }
@@ -736,7 +765,7 @@ async fn steps(
                     .all(|r| matches!(r, TrainerReply::Computed { finite: true, .. }));
             if computed && !finite {
                 report.nonfinite.push(step);
-                log.lock().expect("log lock").seen.push(Instant::now());
+                log.lock().expect("log lock").seen();
                 events(JobEvent::NonFinite {
                     step,
                     policy: config.on_nan,
@@ -858,7 +887,7 @@ async fn steps(
                         if let Some(p) = mesh.procs().get(r.0 as usize) {
                             tracing::warn!(rank = r.0, proc = %p.proc, "a hung rank is killed");
                             report.hung += 1;
-                            log.lock().expect("log lock").seen.push(Instant::now());
+                            log.lock().expect("log lock").seen();
                             let _ = procs.allocator().signal(&p.proc, ProcSignal::Kill).await;
                         }
                     }
@@ -1104,7 +1133,7 @@ async fn inject(
             let mut l = log.lock().expect("log lock");
             if l.poison.is_none() {
                 l.poison = Some(rank);
-                l.faults.push((Instant::now(), kind));
+                l.fault(kind);
             }
             continue;
         }
@@ -1115,10 +1144,7 @@ async fn inject(
         let p = (next() % procs.len() as u64) as usize;
         let proc = procs[p].proc.clone();
         tracing::info!(kind = kind.name(), %proc, "a fault is injected");
-        log.lock()
-            .expect("log lock")
-            .faults
-            .push((Instant::now(), kind));
+        log.lock().expect("log lock").fault(kind);
         match kind {
             FaultKind::Kill => {
                 let _ = allocator.signal(&proc, ProcSignal::Kill).await;
