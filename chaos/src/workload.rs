@@ -139,7 +139,7 @@ pub enum TallyReply {
     Nested {
         /// Who spawned it.
         life: Life,
-        /// The mesh's id ([`regent_mesh::MeshId`]'s number).
+        /// The mesh's id ([`regent_mesh::protocol::MeshId`]'s number).
         mesh: Result<u64, String>,
     },
     /// The nested meshes a life spawned ([`TallyMsg::Owned`]).
