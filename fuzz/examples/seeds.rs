@@ -22,7 +22,7 @@ use regent_mesh::host::wire::{
     RequestId, SpawnRequest,
 };
 use regent_mesh::protocol::{
-    self, CastFrame, CastToken, Collect, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand,
+    self, CastFrame, CastOrder, CastToken, Collect, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand,
     ProcReply, ProcStats, ReplyBody, ReplyTo, Restart, SpawnChild,
 };
 use regent_mesh::{Decision, FailureCause, MemberError, MeshFailure, MeshPolicy, Rank, Shape};
@@ -310,6 +310,10 @@ fn cast(collect: Collect, selection: &str, reply: bool) -> CastFrame {
         mesh: info.id,
         generation: info.generation,
         origin: actor("controller/main[0]"),
+        order: CastOrder {
+            caster: 0x0123_4567_89ab_cdef,
+            seq: 42,
+        },
         view: info.shape.clone(),
         selection: selection.parse().expect("a valid selection"),
         seed: 0xdead_beef,

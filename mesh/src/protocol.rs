@@ -162,6 +162,32 @@ pub struct ReplyTo {
     pub call: u64,
 }
 
+/// A cast's place in its sender's order: the sender's caster (a number
+/// drawn when it starts, so that a restarted sender is a new one) and the
+/// cast's number among that caster's casts, from 1 in dispatch order. A
+/// proc never serves a cast after a later one of the same caster
+/// (docs/semantics.md §4.2, FIFO per sender): when a tree's path changes
+/// under a sender's casts (it routes around a proc it learned lost, and
+/// that proc was only cut off), an earlier cast may come the old way after
+/// a later one came the new way, and is refused rather than served out of
+/// order.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct CastOrder {
+    /// The sending caster's incarnation.
+    pub caster: u64,
+    /// The cast's number among the caster's casts; 0 for a frame outside
+    /// any caster's order ([`CastOrder::NONE`]), which is never refused for
+    /// its order.
+    pub seq: u64,
+}
+
+impl CastOrder {
+    /// No place in any order (frames that tests build by hand).
+    pub const NONE: CastOrder = CastOrder { caster: 0, seq: 0 };
+}
+
 /// A cast on its way down the tree.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CastFrame {
@@ -174,6 +200,8 @@ pub struct CastFrame {
     pub token: CastToken,
     /// The actor that cast it.
     pub origin: ActorId,
+    /// Its place in the order of `origin`'s casts.
+    pub order: CastOrder,
     /// The view cast to (the whole mesh's shape, or a slice of it).
     pub view: Shape,
     /// Which members of the view.

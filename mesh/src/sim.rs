@@ -340,6 +340,7 @@ impl SimWorld {
                 name: regent_net::ActorName::new(names::CONTROLLER).map_err(err)?,
                 index: 0,
             },
+            order: crate::protocol::CastOrder::NONE,
             view: info.shape.clone(),
             selection: Selection::All,
             seed: 0,

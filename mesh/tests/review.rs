@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use regent_mesh::inproc::InProcAllocator;
 use regent_mesh::protocol::{
-    CastFrame, CastToken, Collect, Contribution, MeshInfo, ProcCommand, ProcReply, ReplyBody,
-    ReplyTo,
+    CastFrame, CastOrder, CastToken, Collect, Contribution, MeshInfo, ProcCommand, ProcReply,
+    ReplyBody, ReplyTo,
 };
 use regent_mesh::{
     ActorError, ActorMesh, Decision, FailureCause, Member, MemberError, MeshActor, MeshError,
@@ -244,6 +244,7 @@ fn frame(info: &MeshInfo, origin: &ActorId, procs: (u32, u32), msg: &P) -> CastF
         generation: info.generation,
         token: info.token,
         origin: origin.clone(),
+        order: CastOrder::NONE,
         view: info.shape.clone(),
         selection: Selection::All,
         seed: 0,
@@ -733,6 +734,66 @@ async fn a_cast_without_the_capability_is_refused_and_logged() {
     );
     let got = marks(&mesh).await;
     assert!(got.values().all(|m| m == &[8]), "{got:?}");
+}
+
+/// FIFO per sender when a tree's path changes (docs/semantics.md §4.2): a
+/// cast that comes after a later one of its caster is refused for its
+/// whole subtree, not delivered out of order; later casts of that caster,
+/// and the casts of a new caster incarnation, still pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cast_after_a_later_one_of_its_caster_is_refused_not_delivered_out_of_order() {
+    let f = fixture(2, RuntimeConfig::default()).await;
+    let mesh = f
+        .procs
+        .spawn::<Probe>("ordered", 2, &ProbeArgs::default())
+        .await
+        .unwrap();
+    let mut sender = Outsider::new(&f.rt, "sender", Role::Proc, &mesh.procs());
+    let info = info_of(&mesh);
+    let head = mesh.procs()[0].proc.clone();
+    let mut call = 0;
+    let mut cast = async |caster: u64, seq: u64, mark: u64| {
+        call += 1;
+        let mut fr = frame(&info, &sender.actor, (0, 2), &P::Mark(mark));
+        fr.order = CastOrder { caster, seq };
+        fr.reply = Some(sender.reply_to(call));
+        sender.send(&head, ProcCommand::Cast(fr)).await;
+        let answer = sender
+            .answer(Duration::from_secs(10))
+            .await
+            .expect("no answer");
+        match answer.body {
+            ReplyBody::Cast(c) => c,
+            other => panic!("{other:?}"),
+        }
+    };
+    let delivered = |c: &Contribution| c.ok == 4 && c.failed.is_empty();
+    let c = cast(9, 2, 2).await;
+    assert!(delivered(&c), "{c:?}");
+    let c = cast(9, 1, 1).await;
+    assert_eq!(c.ok, 0, "{c:?}");
+    assert_eq!(
+        c.failed.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+        [0, 1, 2, 3],
+        "the head refuses for its whole subtree"
+    );
+    assert!(
+        c.failed
+            .iter()
+            .all(|(_, e)| matches!(e, MemberError::NotRunning(m) if m.contains("overtaken"))),
+        "{c:?}"
+    );
+    let c = cast(9, 2, 22).await;
+    assert!(!delivered(&c), "a repeated place is refused too: {c:?}");
+    let c = cast(10, 1, 10).await;
+    assert!(
+        delivered(&c),
+        "another caster incarnation has its own order: {c:?}"
+    );
+    let c = cast(9, 3, 3).await;
+    assert!(delivered(&c), "{c:?}");
+    let got = marks(&mesh).await;
+    assert!(got.values().all(|m| m == &[2, 10, 3]), "{got:?}");
 }
 
 /// Commands from a proc of the cluster and from another controller of the

@@ -315,7 +315,7 @@ async fn failures_are_reported_by_rank_and_nothing_hangs() {
 /// for that outcome instead of sleeping.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_owner_controls_a_proc() {
-    use regent_mesh::protocol::{CastFrame, Collect, MeshInfo, ProcCommand};
+    use regent_mesh::protocol::{CastFrame, CastOrder, Collect, MeshInfo, ProcCommand};
     use regent_net::{
         ActorId, ActorName, Endpoint, EndpointConfig, Generation, ProcId, Role, Validity,
     };
@@ -363,6 +363,7 @@ async fn only_the_owner_controls_a_proc() {
             generation: info.generation,
             token: info.token,
             origin: actor.clone(),
+            order: CastOrder::NONE,
             view: info.shape.clone(),
             selection: Selection::All,
             seed: 0,

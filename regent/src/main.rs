@@ -108,7 +108,8 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         per_proc: u32,
         /// Plant a known bug in the runtime (duplicate-delivery,
-        /// no-fencing, drop-member-exit), to see the checkers catch it.
+        /// no-fencing, drop-member-exit, unordered-casts), to see the checkers
+        /// catch it.
         #[arg(long)]
         plant: Vec<regent_mesh::bugs::PlantedBug>,
         /// Only these kinds of fault, comma-separated (e.g.

@@ -58,8 +58,15 @@ fn seeded_fault_histories_keep_every_invariant() {
 /// Seeds each planted bug gets to show a violation in.
 const SEEDS_PER_BUG: u64 = 12;
 
-/// Every plantable bug: each is caught within [`SEEDS_PER_BUG`] seeds.
-const CAUGHT: [PlantedBug; 3] = PlantedBug::ALL;
+/// The plantable bugs caught within [`SEEDS_PER_BUG`] seeds: all but
+/// `unordered-casts`, which takes about a thousand seeds to meet its case
+/// and is checked on its regression seeds instead
+/// (`seeds_that_found_bugs_stay_clean`).
+const CAUGHT: [PlantedBug; 3] = [
+    PlantedBug::DuplicateDelivery,
+    PlantedBug::NoFencing,
+    PlantedBug::DropMemberExit,
+];
 
 #[test]
 fn every_planted_bug_is_caught_within_a_few_seeds() {
@@ -82,19 +89,41 @@ fn every_planted_bug_is_caught_within_a_few_seeds() {
 }
 
 /// Seeds on which the simulator found real bugs, kept as regressions (each
-/// failed before its fix, with the config of its day: the default).
+/// failed before its fix, with the config of its day: the default), with
+/// the planted bug that turns the fix off where there is one.
 /// - 78, 153: a member's request to spawn a mesh it would own reached the
 ///   controller while a restart replaced its life; the controller spawned
 ///   the mesh after that restart had stopped the old life's meshes, and
 ///   the new mesh outlived its owner (no orphans). The controller now
 ///   refuses a spawn asked by a life that is no longer the rank's current
 ///   one (`SpawnChild::born`).
-const REGRESSIONS: [u64; 2] = [78, 153];
+/// - 1145, 1433, 3988, 5500, 7010, 7458, 7469, 9130, 9974 (of the first
+///   10,000): FIFO per sender broke when a cast tree's path changed under
+///   the caster's casts. A proc cut off by a partition was declared lost;
+///   the controller's next casts went around it, straight to the next
+///   proc of the chain, while its earlier ones, held by the cut-off proc's
+///   session, were forwarded the old way once the partition healed and
+///   reached the members after the later ones. Casts now carry their place
+///   in their caster's order (`CastOrder`), and a proc refuses a cast that
+///   comes after a later one of its caster (planted off: `unordered-casts`).
+const REGRESSIONS: [(u64, Option<PlantedBug>); 11] = [
+    (78, None),
+    (153, None),
+    (1145, Some(PlantedBug::UnorderedCasts)),
+    (1433, Some(PlantedBug::UnorderedCasts)),
+    (3988, Some(PlantedBug::UnorderedCasts)),
+    (5500, Some(PlantedBug::UnorderedCasts)),
+    (7010, Some(PlantedBug::UnorderedCasts)),
+    (7458, Some(PlantedBug::UnorderedCasts)),
+    (7469, Some(PlantedBug::UnorderedCasts)),
+    (9130, Some(PlantedBug::UnorderedCasts)),
+    (9974, Some(PlantedBug::UnorderedCasts)),
+];
 
 #[test]
 fn seeds_that_found_bugs_stay_clean() {
     let config = SimConfig::default();
-    for seed in REGRESSIONS {
+    for (seed, _) in REGRESSIONS {
         let o = run_seed(seed, &config);
         assert_eq!(
             o.violations(),
@@ -102,6 +131,26 @@ fn seeds_that_found_bugs_stay_clean() {
             "seed {seed}: {:#?}\n{}",
             o.failures(),
             o.history.join("\n")
+        );
+    }
+}
+
+/// The regression seeds still meet their bug: with its fix planted off,
+/// each fails (so a change of the scenario that moved them away from
+/// their case shows here).
+#[test]
+fn seeds_that_found_bugs_fail_with_their_fix_off() {
+    for (seed, bug) in REGRESSIONS {
+        let Some(bug) = bug else { continue };
+        let config = SimConfig {
+            bugs: vec![bug],
+            ..SimConfig::default()
+        };
+        let o = run_seed(seed, &config);
+        assert!(
+            o.violations() > 0,
+            "seed {seed} passed with {} planted",
+            bug.name()
         );
     }
 }

@@ -23,7 +23,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::entropy::Entropy;
 use crate::error::{MemberError, MembersFailed, MeshError};
 use crate::fabric::{Fabric, Pending};
-use crate::protocol::{CastFrame, Collect, Contribution, MeshInfo, ReplyTo, decode, encode};
+use crate::protocol::{
+    CastFrame, CastOrder, Collect, Contribution, MeshInfo, ReplyTo, decode, encode,
+};
 use crate::selection::Selection;
 use crate::shape::{Rank, Shape};
 
@@ -67,7 +69,8 @@ impl Caster {
         entropy: Arc<Entropy>,
     ) -> Self {
         let (jobs, rx) = mpsc::channel(QUEUED_CASTS);
-        let task = tokio::spawn(run_caster(fabric.clone(), pending, rx));
+        let incarnation = entropy.next_u64();
+        let task = tokio::spawn(run_caster(fabric.clone(), pending, incarnation, rx));
         Self {
             jobs,
             fabric,
@@ -136,8 +139,21 @@ impl Caster {
     }
 }
 
-async fn run_caster(fabric: Arc<dyn Fabric>, pending: Arc<Pending>, mut jobs: mpsc::Receiver<Job>) {
-    while let Some(job) = jobs.recv().await {
+/// Dispatches the jobs in the order handed over, numbering them in that
+/// order (`CastOrder`) as casts of the caster `incarnation`.
+async fn run_caster(
+    fabric: Arc<dyn Fabric>,
+    pending: Arc<Pending>,
+    incarnation: u64,
+    mut jobs: mpsc::Receiver<Job>,
+) {
+    let mut seq = 0u64;
+    while let Some(mut job) = jobs.recv().await {
+        seq += 1;
+        job.frame.order = CastOrder {
+            caster: incarnation,
+            seq,
+        };
         let d = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.frame, None).await;
         if let Some(done) = job.done {
             let pending = pending.clone();
@@ -168,6 +184,8 @@ pub(crate) fn frame<M: Serialize>(
         generation: info.generation,
         token: info.token,
         origin: caster.origin.clone(),
+        // Numbered when dispatched.
+        order: CastOrder::NONE,
         view,
         selection: selection.clone(),
         seed: caster.entropy.next_u64(),

@@ -570,6 +570,7 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
     let mut status = shared.known.status.subscribe();
     let mut starting = shared.starting.subscribe();
     let mut held: Vec<Held> = Vec::new();
+    let mut order = Order::default();
     loop {
         let expiry = held.iter().map(Held::until).min();
         tokio::select! {
@@ -579,7 +580,12 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
             biased;
             frame = casts.recv() => {
                 let Some(frame) = frame else { break };
+                if order.is_stale(&frame) {
+                    fail(&shared, &frame, STALE);
+                    continue;
+                }
                 if !behind(&held, &frame) && servable(&shared, &frame) {
+                    order.served(&frame);
                     serve_cast(&shared, frame).await;
                     continue;
                 }
@@ -606,10 +612,67 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
         }
         let done = status.borrow_and_update().is_done();
         starting.borrow_and_update();
-        release_held(&shared, &mut held, done).await;
+        release_held(&shared, &mut held, &mut order, done).await;
     }
     for h in held {
         fail(&shared, &h.frame, "the mesh stopped");
+    }
+}
+
+/// Why a cast is refused that came after a later one of its sender.
+const STALE: &str =
+    "cast overtaken by a later one of its sender (the tree's path changed under it)";
+
+/// The most senders whose order a dispatcher keeps; past it, the one heard
+/// from longest ago is forgotten (a sender's casts come from the
+/// controller or the procs that hold a reference, so this is far more
+/// than a mesh has).
+const MAX_ORDERED_SENDERS: usize = 4096;
+
+/// The last cast served of each sender (caster incarnation), so that an
+/// earlier one arriving after it is refused rather than served out of order
+/// (see `CastOrder`): FIFO per sender holds when a tree's path changes
+/// under a sender's casts.
+#[derive(Default)]
+struct Order {
+    /// Per (origin, caster): the last seq served and when (in `served`
+    /// calls), for forgetting the oldest.
+    last: std::collections::BTreeMap<(regent_net::ActorId, u64), (u64, u64)>,
+    served: u64,
+}
+
+impl Order {
+    /// Whether `frame` comes after a later cast of its sender was served.
+    fn is_stale(&self, frame: &CastFrame) -> bool {
+        if crate::bugs::planted(crate::bugs::PlantedBug::UnorderedCasts) {
+            return false;
+        }
+        frame.order.seq != 0
+            && self
+                .last
+                .get(&(frame.origin.clone(), frame.order.caster))
+                .is_some_and(|&(seq, _)| frame.order.seq <= seq)
+    }
+
+    /// Records that `frame` is served.
+    fn served(&mut self, frame: &CastFrame) {
+        if frame.order.seq == 0 {
+            return;
+        }
+        self.served += 1;
+        let key = (frame.origin.clone(), frame.order.caster);
+        if !self.last.contains_key(&key) && self.last.len() >= MAX_ORDERED_SENDERS {
+            let oldest = self
+                .last
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.last.remove(&k);
+            }
+        }
+        let entry = self.last.entry(key).or_insert((0, 0));
+        *entry = (entry.0.max(frame.order.seq), self.served);
     }
 }
 
@@ -671,7 +734,7 @@ async fn sleep_until_some(until: Option<tokio::time::Instant>) {
 /// Goes through the held casts in order: fails those that waited too long
 /// (all, once the mesh is done) and serves those that can be served and are
 /// not behind one still held.
-async fn release_held(shared: &Shared, held: &mut Vec<Held>, done: bool) {
+async fn release_held(shared: &Shared, held: &mut Vec<Held>, order: &mut Order, done: bool) {
     if held.is_empty() {
         return;
     }
@@ -689,7 +752,10 @@ async fn release_held(shared: &Shared, held: &mut Vec<Held>, done: bool) {
                 "the members it selects here did not restart in time"
             };
             fail(shared, frame, why);
+        } else if order.is_stale(frame) {
+            fail(shared, frame, STALE);
         } else if !behind(&kept, frame) && servable(shared, frame) {
+            order.served(frame);
             // What is left of its budget after the wait.
             let left = h
                 .budget()
