@@ -314,7 +314,9 @@ fn gang_restarts_resume_from_the_checkpoint_bit_identical() {
 #[test]
 fn paused_ranks_are_caught_by_the_step_deadline_bit_identical() {
     let dir = RunDir::new("pause");
-    let base = small("3", "300", "25");
+    // Enough steps that at least two pauses fall within the run on a fast
+    // machine too (300 steps took 5.3 s here: one pause).
+    let base = small("3", "800", "25");
     // A pause lasts 2.5 s; the step deadline is 1.5 s, under the job's
     // 3 s failure timeout: only the deadline can catch it.
     let r = run_ok(
@@ -328,7 +330,7 @@ fn paused_ranks_are_caught_by_the_step_deadline_bit_identical() {
     assert!(count(&r, &["faults", "pause"]) >= 2, "{r:#}");
     assert!(count(&r, &["hung"]) >= 2, "no hung rank caught: {r:#}");
     assert!(count(&r, &["heals"]) >= 2, "{r:#}");
-    assert_bit_identical(dir.path(), 300, &[], &r);
+    assert_bit_identical(dir.path(), 800, &[], &r);
 }
 
 #[test]
