@@ -69,11 +69,7 @@ fn run_role(role: Role) -> i32 {
         Role::Proc => tokio::runtime::Builder::new_current_thread(),
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
-    let runtime = match builder
-        .enable_all()
-        .thread_name("regent-control")
-        .build()
-    {
+    let runtime = match builder.enable_all().thread_name("regent-control").build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("regent: cannot start the async runtime: {e}");

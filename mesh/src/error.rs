@@ -69,6 +69,10 @@ pub enum MeshError {
     /// The mesh has stopped (by its policy, by escalation, or on request).
     #[error("mesh {0} has stopped")]
     Stopped(String),
+    /// The controller's control thread (where its tasks run) could not
+    /// start, or has ended.
+    #[error("the controller's control thread: {0}")]
+    Control(String),
     /// The message does not fit a control-plane frame (the controller's and
     /// its procs' `max_frame_bytes`).
     #[error(

@@ -782,6 +782,52 @@ fn procs_stop_themselves_when_their_owners_lease_lapses() {
 
 /// A cluster of `procs` procs whose members log (`RUST_LOG` for the test
 /// actors) and whose controller prints their lines in `mode`.
+/// The controller's tasks run on a thread of their own
+/// (`docs/semantics.md` §4.1): a user's runtime that blocks its only
+/// thread for longer than the procs' lease (as a controller doing compute
+/// on it would) holds up neither the controller's lease renewals nor its
+/// heartbeats, so its proc runs on in the same generation. With the
+/// controller's tasks on the user's runtime (`control_thread(false)`), the
+/// same block lapses the lease and fails the proc: the guarantee is the
+/// thread's.
+#[test]
+fn a_blocked_user_runtime_holds_up_neither_renewals_nor_heartbeats() {
+    for own_thread in [true, false] {
+        let user = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let failed = user.block_on(async {
+            let c = Cluster::start_with(1, Cluster::config().control_thread(own_thread)).await;
+            let mesh = c.spawn("blocked", 1, SpawnOptions::default()).await;
+            assert_eq!(whoami(&mesh).await[0].1, 0);
+            let mut failures = mesh.failures();
+            // The user's only thread, blocked past the lease (3 s).
+            std::thread::sleep(LEASE + Duration::from_secs(1));
+            let failed = tokio::time::timeout(Duration::from_secs(5), failures.recv())
+                .await
+                .is_ok();
+            if !failed {
+                assert_eq!(mesh.generation().0, 0);
+                assert_eq!(
+                    whoami(&mesh).await[0].1,
+                    0,
+                    "the proc still runs its first life"
+                );
+            }
+            c.finish().await;
+            failed
+        });
+        assert_eq!(
+            failed,
+            !own_thread,
+            "with the control thread {}: a failure {}",
+            if own_thread { "on" } else { "off" },
+            if failed { "was seen" } else { "was not seen" }
+        );
+    }
+}
+
 async fn logging_cluster(procs: usize, mode: LogMode) -> Cluster {
     // Wide: the four lines of a cast reach the sink well within it, even on
     // two loaded cores.

@@ -33,6 +33,13 @@ pub struct RuntimeConfig {
     /// What becomes of procs' output lines (default: printed to stderr
     /// with their prefix, identical lines across ranks folded).
     pub logs: LogConfig,
+    /// Whether the controller's tasks (its endpoint, caster, supervisors,
+    /// lease renewals) run on a thread of their own, a current-thread
+    /// runtime, rather than on the runtime of whoever starts it (default
+    /// true; see `docs/semantics.md` §4.1). Off, they run where
+    /// [`Runtime::start`](super::Runtime::start) is awaited, spread over
+    /// that runtime's workers.
+    pub control_thread: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -46,6 +53,7 @@ impl Default for RuntimeConfig {
             fanout: DEFAULT_FANOUT,
             endpoint: EndpointConfig::default(),
             logs: LogConfig::default(),
+            control_thread: true,
         }
     }
 }
@@ -66,6 +74,12 @@ impl RuntimeConfig {
     /// Sets the owner lease given to procs.
     pub fn owner_lease(mut self, lease: Duration) -> Self {
         self.owner_lease = lease;
+        self
+    }
+
+    /// Sets whether the controller's tasks run on a thread of their own.
+    pub fn control_thread(mut self, on: bool) -> Self {
+        self.control_thread = on;
         self
     }
 

@@ -19,6 +19,7 @@
 //!   journal of failures and recoveries, metrics).
 
 mod config;
+mod control;
 mod leases;
 pub(crate) mod mesh;
 mod observe;
@@ -87,6 +88,9 @@ struct Inner {
     observer: Arc<observe::Observer>,
     /// When the runtime started (tokio's clock): the journal's zero.
     started: tokio::time::Instant,
+    /// Where the controller's tasks run, when on a thread of their own
+    /// (dropped last: it ends the thread and the tasks still on it).
+    control: Option<Arc<control::ControlThread>>,
 }
 
 impl Drop for Inner {
@@ -122,9 +126,18 @@ impl Runtime {
     /// Starts a controller with a given cluster CA (e.g. loaded from files,
     /// to talk to host agents provisioned with it).
     pub async fn with_ca(config: RuntimeConfig, ca: ClusterCa) -> Result<Self, MeshError> {
-        let credentials = Self::credentials(&config, &ca)?;
-        let endpoint = Endpoint::bind(credentials, config.bind, config.endpoint.clone())?;
-        Self::on_endpoint(config, ca, endpoint, Entropy::os())
+        let bound = |config: RuntimeConfig, control| {
+            let credentials = Self::credentials(&config, &ca)?;
+            let endpoint = Endpoint::bind(credentials, config.bind, config.endpoint.clone())?;
+            Self::on_endpoint(config, ca, endpoint, Entropy::os(), control)
+        };
+        if !config.control_thread {
+            return bound(config, None);
+        }
+        let control = Arc::new(control::ControlThread::start()?);
+        // Binding starts the endpoint's tasks, and `on_endpoint` the
+        // controller's: all on the control thread's runtime.
+        control.enter(|| bound(config, Some(control.clone())))
     }
 
     /// Starts a controller whose endpoint is bound at `config.bind` on a
@@ -140,7 +153,8 @@ impl Runtime {
         let credentials = Self::credentials(&config, &ca)?;
         let endpoint = Endpoint::bind_sim(credentials, net, config.bind, config.endpoint.clone())?;
         let entropy = Entropy::seeded(net.random_u64());
-        Self::on_endpoint(config, ca, endpoint, entropy)
+        // Every task of a simulation runs on its one runtime.
+        Self::on_endpoint(config, ca, endpoint, entropy, None)
     }
 
     /// The controller's credentials, issued by `ca` for `config.name`.
@@ -163,6 +177,7 @@ impl Runtime {
         ca: ClusterCa,
         endpoint: Endpoint,
         entropy: Entropy,
+        control: Option<Arc<control::ControlThread>>,
     ) -> Result<Self, MeshError> {
         let me = endpoint.proc().clone();
         let actor = ActorId {
@@ -205,6 +220,7 @@ impl Runtime {
                 tasks: Mutex::new(Vec::new()),
                 observer: Arc::new(observe::Observer::new()),
                 started: tokio::time::Instant::now(),
+                control,
             }),
         };
         let weak = Arc::downgrade(&rt.inner);
@@ -248,9 +264,29 @@ impl Runtime {
     /// controller: procs as child processes of this one (the same binary,
     /// started by [`crate::bootstrap`]).
     pub fn local_allocator(&self) -> Result<Arc<dyn Allocator>, MeshError> {
-        Ok(Arc::new(crate::alloc::LocalAllocator::new(
-            self.endpoint().clone(),
-        )?))
+        let endpoint = self.endpoint().clone();
+        let make = || crate::alloc::LocalAllocator::new(endpoint);
+        // Its tasks (the procs' exit watchers) run with the controller's.
+        let local = match &self.inner.control {
+            Some(c) => c.enter(make),
+            None => make(),
+        };
+        Ok(Arc::new(local?))
+    }
+
+    /// Runs `f` where the controller's tasks run: on its control thread
+    /// when it has one (see [`RuntimeConfig::control_thread`]), else here.
+    /// The operations that start tasks go through here, so that the tasks
+    /// they start run with the others.
+    pub(crate) async fn on_control<F, T>(&self, f: F) -> Result<T, MeshError>
+    where
+        F: std::future::Future<Output = Result<T, MeshError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        match &self.inner.control {
+            Some(c) => c.run(f).await?,
+            None => f.await,
+        }
     }
 
     /// Where procs' output lines go: printed as
@@ -356,14 +392,12 @@ impl Runtime {
         placement: impl Fn(u32) -> Placement,
     ) -> Result<ProcMesh, MeshError> {
         let placements: Vec<Placement> = (0..shape.len() as u32).map(placement).collect();
-        let procs = self.allocate(&allocator, placements.clone()).await?;
-        Ok(ProcMesh::new(
-            self.clone(),
-            allocator,
-            procs,
-            placements,
-            shape,
-        ))
+        let rt = self.clone();
+        self.on_control(async move {
+            let procs = rt.allocate(&allocator, placements.clone()).await?;
+            Ok(ProcMesh::new(rt, allocator, procs, placements, shape))
+        })
+        .await
     }
 
     /// Starts one proc per placement through `allocator` and routes their

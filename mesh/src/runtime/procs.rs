@@ -204,15 +204,23 @@ impl ProcMesh {
             .iter()
             .map(|p| p.addr.clone())
             .collect();
-        let spec = MeshSpec {
-            name,
-            actor_type: A::NAME,
-            per_proc,
-            args: encode(args).map_err(MeshError::Encode)?,
-            dims,
-            options,
-        };
-        let shared = spawn_mesh(&self.rt, &self.slots, &on, spec).await?;
+        let args = encode(args).map_err(MeshError::Encode)?;
+        let name = name.to_owned();
+        let (rt, slots) = (self.rt.clone(), self.slots.clone());
+        let shared = self
+            .rt
+            .on_control(async move {
+                let spec = MeshSpec {
+                    name: &name,
+                    actor_type: A::NAME,
+                    per_proc,
+                    args,
+                    dims,
+                    options,
+                };
+                spawn_mesh(&rt, &slots, &on, spec).await
+            })
+            .await?;
         Ok(ActorMesh::new(shared))
     }
 
@@ -220,6 +228,11 @@ impl ProcMesh {
     /// procs' exits for failures), then every proc (SIGTERM, then SIGKILL
     /// after `grace`), and waits for their exits.
     pub async fn stop(self, grace: Duration) -> Result<(), MeshError> {
+        let rt = self.rt.clone();
+        rt.on_control(self.stop_here(grace)).await
+    }
+
+    async fn stop_here(self, grace: Duration) -> Result<(), MeshError> {
         let procs = self.slots.current();
         let ids: std::collections::HashSet<ProcId> = procs.iter().map(|p| p.proc.clone()).collect();
         self.rt.stop_meshes_on(&ids).await;
