@@ -1,10 +1,11 @@
 //! `regent bench mesh`: meshes of real proc processes (this binary, started
 //! by the local allocator).
 //!
-//! - `call_gather_<N>`: a call to every member of an N-member mesh, replies
+//! - `call_gather_<P>x<M>`: a call to every member of a mesh of P procs × M
+//!   members (N in all), replies
 //!   gathered through the tree, against N concurrent calls to one member
 //!   each (`call_one`, joined: what gathering by hand costs); and
-//!   `call_gather_<N>_vs_call_one`, the same against one call to one member
+//!   `call_gather_<P>x<M>_vs_call_one`, the same against one call to one member
 //!   (a raw round trip). The three are timed in turn in every round, on the
 //!   same members.
 //! - `cold_spawn_4_procs`: four procs started and a mesh spawned on them and
@@ -72,6 +73,8 @@ regent_mesh::register_actor!(Echo);
 /// The member benchmarks' actor (see the module docs).
 pub(crate) struct Bench {
     shared: Vec<regent_rdma::LocalBuffer>,
+    /// `Echo`s received.
+    echoes: u64,
 }
 
 /// What a [`Bench`] member is told.
@@ -89,6 +92,11 @@ pub(crate) enum BenchOp {
     ReadPeer { handle: RemoteBuffer, rounds: u32 },
     /// Spin on this member's core (never yielding) for `ms`.
     Spin(u64),
+    /// Start a TCP echo server (64-byte requests) on this member's
+    /// runtime; reply with its port.
+    TcpEcho,
+    /// Reply with how many `Echo`s this life received.
+    Count,
 }
 
 /// A [`Bench`] member's reply.
@@ -98,6 +106,8 @@ pub(crate) enum BenchReply {
     Nanos(Vec<u64>),
     Handle(RemoteBuffer),
     Reads { read: Vec<u64>, memcpy: Vec<u64> },
+    Port(u16),
+    Count(u64),
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -111,12 +121,39 @@ impl MeshActor for Bench {
     type Reply = BenchReply;
 
     async fn new(_: &Member, (): ()) -> Result<Self, ActorError> {
-        Ok(Self { shared: Vec::new() })
+        Ok(Self {
+            shared: Vec::new(),
+            echoes: 0,
+        })
     }
 
     async fn handle(&mut self, member: &Member, op: BenchOp) -> Result<BenchReply, ActorError> {
         Ok(match op {
-            BenchOp::Echo(_) => BenchReply::Ok,
+            BenchOp::Echo(_) => {
+                self.echoes += 1;
+                BenchReply::Ok
+            }
+            BenchOp::Count => BenchReply::Count(self.echoes),
+            BenchOp::TcpEcho => {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                let port = listener.local_addr()?.port();
+                // On this life's runtime: it ends with the life.
+                tokio::spawn(async move {
+                    while let Ok((mut stream, _)) = listener.accept().await {
+                        let _ = stream.set_nodelay(true);
+                        tokio::spawn(async move {
+                            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                            let mut buf = [0u8; 64];
+                            while stream.read_exact(&mut buf).await.is_ok() {
+                                if stream.write_all(&buf).await.is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                    }
+                });
+                BenchReply::Port(port)
+            }
             BenchOp::CallPeer { to, rounds } => {
                 let peers = member.peers::<Bench>()?;
                 let mut out = Vec::with_capacity(rounds as usize);
@@ -324,6 +361,7 @@ async fn call_gather(
 ) -> anyhow::Result<()> {
     let mesh: ActorMesh<Echo> = pm.spawn("echo", per_proc, &()).await?;
     let n = mesh.shape().len();
+    let procs = pm.shape().len();
     let all = Selection::All;
     for _ in 0..10 {
         mesh.call(&all, &1).await?.into_result()?;
@@ -350,18 +388,28 @@ async fn call_gather(
     mesh.stop().await.unwrap();
     let gather = micros(median(&mut gathers));
     report.push(
-        Figure::new(SUITE, &format!("call_gather_{n}"), gather, "us")
-            .samples(rounds)
-            .against(
-                &format!("concurrent_call_one_{n}"),
-                micros(median(&mut concurrent)),
-                "us",
-            ),
+        Figure::new(
+            SUITE,
+            &format!("call_gather_{procs}x{per_proc}"),
+            gather,
+            "us",
+        )
+        .samples(rounds)
+        .against(
+            &format!("concurrent_call_one_{n}"),
+            micros(median(&mut concurrent)),
+            "us",
+        ),
     );
     report.push(
-        Figure::new(SUITE, &format!("call_gather_{n}_vs_call_one"), gather, "us")
-            .samples(rounds)
-            .against("call_one", micros(median(&mut single)), "us"),
+        Figure::new(
+            SUITE,
+            &format!("call_gather_{procs}x{per_proc}_vs_call_one"),
+            gather,
+            "us",
+        )
+        .samples(rounds)
+        .against("call_one", micros(median(&mut single)), "us"),
     );
     Ok(())
 }
@@ -498,7 +546,7 @@ async fn simulation(report: &mut Report, members: &[(u32, u32)]) -> anyhow::Resu
 pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Result<()> {
     let rounds = if opts.quick { 20 } else { 200 };
     let (rt, alloc) = cluster(RuntimeConfig::default()).await?;
-    for (p, per_proc) in [(1usize, 1u32), (2, 4), (4, 4), (4, 16), (4, 64)] {
+    for (p, per_proc) in [(1usize, 1u32), (2, 4), (4, 4), (16, 1), (4, 16), (4, 64)] {
         let pm = procs(&rt, &alloc, p).await?;
         call_gather(
             report,
@@ -511,11 +559,20 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     }
     // The member figures, on two procs.
     let pm = procs(&rt, &alloc, 2).await?;
+    super::calls::run(opts, report, &pm).await?;
     let member_rounds = if opts.quick { 5 } else { 40 };
     peer_call(report, &pm, member_rounds).await?;
     peer_read(report, &pm, if opts.quick { 10 } else { 50 }).await?;
     blocked_core(report, &pm, if opts.quick { 3 } else { 10 }).await?;
     pm.stop(Duration::from_secs(2)).await?;
+    super::calls::cpu_per_cast(
+        opts,
+        report,
+        &rt,
+        &alloc,
+        if opts.quick { &[1, 16] } else { &[1, 4, 16] },
+    )
+    .await?;
     drop(rt);
     cold_spawn(report, if opts.quick { 3 } else { 10 }).await?;
     controller_frames(report, if opts.quick { &[1, 4] } else { &[1, 4, 16] }).await?;

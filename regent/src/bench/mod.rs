@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+mod calls;
 pub(crate) mod mesh;
 pub(crate) mod net;
 mod peer;

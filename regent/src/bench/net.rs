@@ -101,38 +101,10 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     } else {
         (20_000, 200_000, 2_000)
     };
-    let ca = ClusterCa::generate("regent bench")?;
-    let client_creds = ca.issue(
-        &pid(CLIENT)?,
-        regent_net::Role::Proc,
-        regent_net::Validity::job(),
-    )?;
-    let (_peer, ready) = Peer::start("net", "bench-peer", DEADLINE, |dir| {
-        ca.issue(
-            &pid(SERVER)?,
-            regent_net::Role::Proc,
-            regent_net::Validity::job(),
-        )?
-        .save(dir)?;
-        Ok(())
-    })
-    .await?;
-    let words: Vec<&str> = ready.split_whitespace().collect();
-    let ["READY", quic, tcp] = words.as_slice() else {
-        bail!("unexpected peer line {ready:?}");
-    };
-    let server_addr: regent_net::ProcAddr = quic.parse()?;
-    let tcp_addr: std::net::SocketAddr = tcp.parse()?;
-
-    let endpoint = Endpoint::bind(
-        client_creds,
-        "127.0.0.1:0".parse()?,
-        EndpointConfig::default(),
-    )?;
-    endpoint.add_route(server_addr);
+    let peer = ControlPeer::start().await?;
+    let (endpoint, server, tcp_addr) = (&peer.endpoint, peer.server.clone(), peer.tcp_addr);
     let client = pid(CLIENT)?.actor("client", 0)?;
     let mut replies = endpoint.open_port(client.port(0))?;
-    let server = pid(SERVER)?;
     let echo = server.actor("echo", 0)?.port(0);
 
     let pump = pid(CLIENT)?.actor("pump", 0)?;
@@ -150,11 +122,11 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     let mut quic_rates = Vec::new();
     let mut tcp = tcp_echo(tcp_addr).await?;
     tcp_round_trips(&mut tcp, warmup, &mut Vec::new()).await?;
-    quic_round_trips(&endpoint, &mut replies, &echo, warmup, &mut Vec::new()).await?;
+    quic_round_trips(endpoint, &mut replies, &echo, warmup, &mut Vec::new()).await?;
     for _ in 0..RTT_BLOCKS {
         tcp_round_trips(&mut tcp, rtt_n / RTT_BLOCKS, &mut tcp_rtt).await?;
         quic_round_trips(
-            &endpoint,
+            endpoint,
             &mut replies,
             &echo,
             rtt_n / RTT_BLOCKS,
@@ -169,9 +141,9 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     for _ in 0..ROUNDS {
         tcp_rates.push(tcp_one_way(tcp_addr, one_way_n / ROUNDS).await?);
         quic_rates
-            .push(quic_one_way(&endpoint, &pump, &mut done, &server, one_way_n / ROUNDS).await?);
+            .push(quic_one_way(endpoint, &pump, &mut done, &server, one_way_n / ROUNDS).await?);
 
-        quic_round_trips(&endpoint, &mut replies, &echo, hol_block, &mut unloaded_rtt).await?;
+        quic_round_trips(endpoint, &mut replies, &echo, hol_block, &mut unloaded_rtt).await?;
         // Head of line: block the stuck actor and saturate its stream.
         let client = replies.port().actor.clone();
         endpoint
@@ -179,10 +151,10 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
             .await
             .map_err(|e| anyhow::anyhow!("{}", e.failure))?;
         let sent = Arc::new(AtomicU64::new(0));
-        let hog = spawn_hog(&endpoint, &hog_actor, &stuck, &sent);
+        let hog = spawn_hog(endpoint, &hog_actor, &stuck, &sent);
         wait_until_blocked(&sent).await?;
         let kept = endpoint.unacknowledged(&server);
-        quic_round_trips(&endpoint, &mut replies, &echo, hol_block, &mut hol_rtt).await?;
+        quic_round_trips(endpoint, &mut replies, &echo, hol_block, &mut hol_rtt).await?;
         hog.abort();
         tracing::info!(sent = sent.load(Ordering::Relaxed), kept, "hog was blocked");
         // Unblock and drain before the next unloaded round.
@@ -190,14 +162,14 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
             .send(&client, &control, Generation(0), Gate { open: true })
             .await
             .map_err(|e| anyhow::anyhow!("{}", e.failure))?;
-        drain(&endpoint, &server).await?;
+        drain(endpoint, &server).await?;
 
         // Busy rather than blocked: the same actor streams to a receiver
         // that keeps up, so the connection carries bulk data meanwhile.
-        let hog = spawn_hog(&endpoint, &hog_actor, &stuck, &Arc::new(AtomicU64::new(0)));
-        quic_round_trips(&endpoint, &mut replies, &echo, hol_block, &mut busy_rtt).await?;
+        let hog = spawn_hog(endpoint, &hog_actor, &stuck, &Arc::new(AtomicU64::new(0)));
+        quic_round_trips(endpoint, &mut replies, &echo, hol_block, &mut busy_rtt).await?;
         hog.abort();
-        drain(&endpoint, &server).await?;
+        drain(endpoint, &server).await?;
         // Its baseline: the TCP echo while another TCP connection between
         // the same processes carries bulk data.
         let bulk = tcp_bulk(tcp_addr).await?;
@@ -278,8 +250,77 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
             "us",
         ),
     );
-    endpoint.close();
     Ok(())
+}
+
+/// A peer process of this binary (`regent bench-peer`) and this process's
+/// endpoint routed to it: the control plane between two processes, for
+/// this suite's figures and other suites' baselines
+/// ([`ControlPeer::one_way`]).
+pub(crate) struct ControlPeer {
+    _peer: Peer,
+    endpoint: Endpoint,
+    server: ProcId,
+    tcp_addr: std::net::SocketAddr,
+    /// The sender of [`ControlPeer::one_way`] and its `Done` inbox.
+    pump: regent_net::ActorId,
+    done: Inbox,
+}
+
+impl ControlPeer {
+    /// Starts the peer and binds this side's endpoint.
+    pub(crate) async fn start() -> anyhow::Result<Self> {
+        let ca = ClusterCa::generate("regent bench")?;
+        let client_creds = ca.issue(
+            &pid(CLIENT)?,
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )?;
+        let (peer, ready) = Peer::start("net", "bench-peer", DEADLINE, |dir| {
+            ca.issue(
+                &pid(SERVER)?,
+                regent_net::Role::Proc,
+                regent_net::Validity::job(),
+            )?
+            .save(dir)?;
+            Ok(())
+        })
+        .await?;
+        let words: Vec<&str> = ready.split_whitespace().collect();
+        let ["READY", quic, tcp] = words.as_slice() else {
+            bail!("unexpected peer line {ready:?}");
+        };
+        let server_addr: regent_net::ProcAddr = quic.parse()?;
+        let tcp_addr: std::net::SocketAddr = tcp.parse()?;
+        let endpoint = Endpoint::bind(
+            client_creds,
+            "127.0.0.1:0".parse()?,
+            EndpointConfig::default(),
+        )?;
+        endpoint.add_route(server_addr);
+        let pump = pid(CLIENT)?.actor("one-way", 0)?;
+        let done = endpoint.open_port(pump.port(0))?;
+        Ok(Self {
+            _peer: peer,
+            endpoint,
+            server: pid(SERVER)?,
+            tcp_addr,
+            pump,
+            done,
+        })
+    }
+
+    /// Messages per second of `n` 64-byte messages pipelined from one
+    /// actor to one of the peer's, until the peer has them all.
+    pub(crate) async fn one_way(&mut self, n: usize) -> anyhow::Result<f64> {
+        quic_one_way(&self.endpoint, &self.pump, &mut self.done, &self.server, n).await
+    }
+}
+
+impl Drop for ControlPeer {
+    fn drop(&mut self) {
+        self.endpoint.close();
+    }
 }
 
 /// Starts an actor sending 4 KiB messages to `to` as fast as it may,

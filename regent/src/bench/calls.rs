@@ -1,0 +1,252 @@
+//! The call path's figures of `regent bench mesh`, each against a baseline
+//! measured in the same run between the same kind of processes:
+//!
+//! - `call_rtt_p50` / `call_rtt_p99`: the controller's `call_one` to one
+//!   member of a remote proc, against a 64-byte TCP echo from the
+//!   controller to that member (a tokio TCP server on the member's
+//!   runtime, `TCP_NODELAY`), in alternating blocks (`tcp_echo_p50`,
+//!   `tcp_echo_p99`).
+//! - `pipelined_calls`: calls per second with [`IN_FLIGHT`] calls in flight
+//!   to that member, against the control plane's one-way message rate
+//!   between two processes of this binary (`control_one_way`, what
+//!   `net.one_way` measures); a call is two messages.
+//! - `cast_nowait_rate`: fire-and-forget casts per second to that member
+//!   (until it has them all: a call after them, FIFO per sender, returns
+//!   its count), against the same `control_one_way`.
+//! - `controller_cpu_per_cast_<P>`: the controller process's CPU time per
+//!   cast to a mesh of P procs × 1 member, against the same with one proc:
+//!   the claim is that it stays flat in the mesh size (the tree's fan-out
+//!   bounds what the controller sends).
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use regent_mesh::alloc::Allocator;
+use regent_mesh::{ActorMesh, ProcMesh, Rank, Runtime, Selection, Shape};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::mesh::{Bench, BenchOp, BenchReply};
+use super::net::ControlPeer;
+use super::{BenchOptions, Figure, Report, micros, percentile};
+
+const SUITE: &str = "mesh";
+/// Calls in flight for `pipelined_calls`.
+pub(crate) const IN_FLIGHT: usize = 1000;
+/// The bytes of one TCP echo (as `net`'s).
+const ECHO_BYTES: usize = 64;
+
+/// Runs the figures on `pm` (at least one proc; the member is on the
+/// last).
+pub(crate) async fn run(
+    opts: BenchOptions,
+    report: &mut Report,
+    pm: &ProcMesh,
+) -> anyhow::Result<()> {
+    let (blocks, per_block, pipelined, casts) = if opts.quick {
+        (6, 300, 20_000, 20_000)
+    } else {
+        (20, 1_000, 100_000, 200_000)
+    };
+    let mesh: ActorMesh<Bench> = pm.spawn("calls", 1, &()).await?;
+    let member = Rank(mesh.shape().len() as u32 - 1);
+    let BenchReply::Port(port) = mesh.call_one(member, &BenchOp::TcpEcho).await? else {
+        anyhow::bail!("the member started no TCP echo");
+    };
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+    tcp.set_nodelay(true)?;
+    // Warm both paths up.
+    let (mut calls, mut echoes) = (Vec::new(), Vec::new());
+    call_round_trips(&mesh, member, per_block, &mut Vec::new()).await?;
+    tcp_round_trips(&mut tcp, per_block, &mut Vec::new()).await?;
+    for _ in 0..blocks {
+        call_round_trips(&mesh, member, per_block, &mut calls).await?;
+        tcp_round_trips(&mut tcp, per_block, &mut echoes).await?;
+    }
+    calls.sort_unstable();
+    echoes.sort_unstable();
+    for p in [50.0, 99.0] {
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("call_rtt_p{p}"),
+                micros(percentile(&calls, p)),
+                "us",
+            )
+            .samples(calls.len())
+            .against(
+                &format!("tcp_echo_p{p}"),
+                micros(percentile(&echoes, p)),
+                "us",
+            ),
+        );
+    }
+
+    // Rates, interleaved with their baseline over rounds.
+    let mut control = ControlPeer::start().await?;
+    control.one_way(casts / 10).await?;
+    let (mut piped, mut cast_rates, mut one_way) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        piped.push(pipelined_calls(&mesh, member, pipelined).await?);
+        cast_rates.push(cast_rate(&mesh, member, casts).await?);
+        one_way.push(control.one_way(casts).await?);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let one_way = median(&mut one_way);
+    report.push(
+        Figure::new(SUITE, "pipelined_calls", median(&mut piped), "calls/s")
+            .samples(3)
+            .against("control_one_way", one_way, "msg/s"),
+    );
+    report.push(
+        Figure::new(
+            SUITE,
+            "cast_nowait_rate",
+            median(&mut cast_rates),
+            "casts/s",
+        )
+        .samples(3)
+        .against("control_one_way", one_way, "msg/s"),
+    );
+    mesh.stop().await?;
+    Ok(())
+}
+
+/// `controller_cpu_per_cast_<P>` for each count of procs, against one proc.
+pub(crate) async fn cpu_per_cast(
+    opts: BenchOptions,
+    report: &mut Report,
+    rt: &Runtime,
+    alloc: &std::sync::Arc<dyn Allocator>,
+    proc_counts: &[usize],
+) -> anyhow::Result<()> {
+    let casts = if opts.quick { 2_000 } else { 10_000 };
+    let mut single = None;
+    for &n in proc_counts {
+        let pm = rt
+            .spawn_procs(alloc.clone(), Shape::new([("procs", n)])?)
+            .await?;
+        let mesh: ActorMesh<Bench> = pm.spawn("cpu", 1, &()).await?;
+        for _ in 0..100 {
+            mesh.cast(&Selection::All, &BenchOp::Echo(0))
+                .await?
+                .into_result()?;
+        }
+        let before = process_cpu()?;
+        for _ in 0..casts {
+            mesh.cast(&Selection::All, &BenchOp::Echo(0))
+                .await?
+                .into_result()?;
+        }
+        let per_cast = (process_cpu()? - before) / casts;
+        mesh.stop().await?;
+        pm.stop(Duration::from_secs(2)).await?;
+        let base = *single.get_or_insert(per_cast);
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("controller_cpu_per_cast_{n}"),
+                micros(per_cast),
+                "us",
+            )
+            .samples(casts as usize)
+            .against("controller_cpu_per_cast_1", micros(base), "us"),
+        );
+    }
+    Ok(())
+}
+
+/// This process's CPU time so far (user and system, every thread).
+fn process_cpu() -> anyhow::Result<Duration> {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    Ok(tv(usage.user_time()) + tv(usage.system_time()))
+}
+
+async fn call_round_trips(
+    mesh: &ActorMesh<Bench>,
+    member: Rank,
+    n: usize,
+    samples: &mut Vec<Duration>,
+) -> anyhow::Result<()> {
+    for i in 0..n {
+        let t = Instant::now();
+        mesh.call_one(member, &BenchOp::Echo(i as u64)).await?;
+        samples.push(t.elapsed());
+    }
+    Ok(())
+}
+
+async fn tcp_round_trips(
+    stream: &mut TcpStream,
+    n: usize,
+    samples: &mut Vec<Duration>,
+) -> anyhow::Result<()> {
+    let request = [7u8; ECHO_BYTES];
+    let mut response = [0u8; ECHO_BYTES];
+    for _ in 0..n {
+        let t = Instant::now();
+        stream.write_all(&request).await?;
+        stream.read_exact(&mut response).await?;
+        samples.push(t.elapsed());
+    }
+    Ok(())
+}
+
+/// Calls per second of `n` calls with [`IN_FLIGHT`] in flight.
+async fn pipelined_calls(mesh: &ActorMesh<Bench>, member: Rank, n: usize) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let mut answers = futures::stream::iter(0..n)
+        .map(|i| async move { mesh.call_one(member, &BenchOp::Echo(i as u64)).await })
+        .buffer_unordered(IN_FLIGHT);
+    let mut done = 0;
+    while let Some(r) = answers.next().await {
+        r?;
+        done += 1;
+    }
+    anyhow::ensure!(done == n, "{done} of {n} calls answered");
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Fire-and-forget casts per second, until the member has all `n`.
+async fn cast_rate(mesh: &ActorMesh<Bench>, member: Rank, n: usize) -> anyhow::Result<f64> {
+    let BenchReply::Count(before) = mesh.call_one(member, &BenchOp::Count).await? else {
+        anyhow::bail!("no count");
+    };
+    let selection = rank_selection(mesh, member)?;
+    let t = Instant::now();
+    for i in 0..n {
+        mesh.cast_nowait(&selection, &BenchOp::Echo(i as u64))
+            .await?;
+    }
+    let BenchReply::Count(after) = mesh.call_one(member, &BenchOp::Count).await? else {
+        anyhow::bail!("no count");
+    };
+    let elapsed = t.elapsed();
+    anyhow::ensure!(
+        after - before == n as u64,
+        "the member had {} of {n} casts",
+        after - before
+    );
+    Ok(n as f64 / elapsed.as_secs_f64())
+}
+
+/// The selection of exactly `rank`, by its point.
+fn rank_selection(mesh: &ActorMesh<Bench>, rank: Rank) -> anyhow::Result<Selection> {
+    let point = mesh
+        .mesh_shape()
+        .point_of(rank)
+        .ok_or_else(|| anyhow::anyhow!("no rank {}", rank.0))?;
+    let text: Vec<String> = point
+        .names()
+        .iter()
+        .zip(point.coords())
+        .map(|(n, c)| format!("{}={c}", n.as_str()))
+        .collect();
+    Ok(text.join(",").parse()?)
+}
