@@ -635,9 +635,11 @@ const MAX_ORDERED_SENDERS: usize = 4096;
 /// under a sender's casts.
 #[derive(Default)]
 struct Order {
-    /// Per (origin, caster): the last seq served and when (in `served`
-    /// calls), for forgetting the oldest.
-    last: std::collections::BTreeMap<(regent_net::ActorId, u64), (u64, u64)>,
+    /// Per caster incarnation (a random number drawn when the caster
+    /// starts): its origin, the last seq served, and when (in `served`
+    /// calls), for forgetting the oldest. Keyed by the incarnation alone so
+    /// that a lookup clones nothing; an entry counts only for its origin.
+    last: std::collections::BTreeMap<u64, (regent_net::ActorId, u64, u64)>,
     served: u64,
 }
 
@@ -650,8 +652,8 @@ impl Order {
         frame.order.seq != 0
             && self
                 .last
-                .get(&(frame.origin.clone(), frame.order.caster))
-                .is_some_and(|&(seq, _)| frame.order.seq <= seq)
+                .get(&frame.order.caster)
+                .is_some_and(|(origin, seq, _)| *origin == frame.origin && frame.order.seq <= *seq)
     }
 
     /// Records that `frame` is served.
@@ -660,19 +662,28 @@ impl Order {
             return;
         }
         self.served += 1;
-        let key = (frame.origin.clone(), frame.order.caster);
-        if !self.last.contains_key(&key) && self.last.len() >= MAX_ORDERED_SENDERS {
+        let at = self.served;
+        if let Some((origin, seq, when)) = self.last.get_mut(&frame.order.caster)
+            && *origin == frame.origin
+        {
+            *seq = (*seq).max(frame.order.seq);
+            *when = at;
+            return;
+        }
+        if !self.last.contains_key(&frame.order.caster) && self.last.len() >= MAX_ORDERED_SENDERS {
             let oldest = self
                 .last
                 .iter()
-                .min_by_key(|(_, (_, at))| *at)
-                .map(|(k, _)| k.clone());
+                .min_by_key(|(_, (_, _, when))| *when)
+                .map(|(k, _)| *k);
             if let Some(k) = oldest {
                 self.last.remove(&k);
             }
         }
-        let entry = self.last.entry(key).or_insert((0, 0));
-        *entry = (entry.0.max(frame.order.seq), self.served);
+        self.last.insert(
+            frame.order.caster,
+            (frame.origin.clone(), frame.order.seq, at),
+        );
     }
 }
 
