@@ -10,6 +10,11 @@
 //!   member again, with the failed member respawned on a fresh proc; against
 //!   the mesh's cold spawn time in the same run.
 //! - `restart_mesh_answer`: the same under the restart-mesh policy.
+//! - `detect_pause_p50` / `_p99`: SIGSTOP of a proc → the `MeshFailure`
+//!   at the owner (a silent link: nothing is pushed), against the control
+//!   plane's configured `failure_timeout`; the proc is resumed after (its
+//!   zombie is fenced and told to exit) and the mesh recovers before the
+//!   next pause.
 
 use std::time::{Duration, Instant};
 
@@ -31,11 +36,38 @@ const FULL_KILLS: usize = 200;
 const QUICK_KILLS: usize = 12;
 
 fn kill(pid: u32) -> anyhow::Result<()> {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(pid)?),
-        nix::sys::signal::Signal::SIGKILL,
-    )?;
+    signal(pid, nix::sys::signal::Signal::SIGKILL)
+}
+
+fn signal(pid: u32, signal: nix::sys::signal::Signal) -> anyhow::Result<()> {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(pid)?), signal)?;
     Ok(())
+}
+
+/// Pauses proc `proc_rank` of `mesh` (SIGSTOP) until the owner sees it
+/// failed; resumes it and waits for the mesh to run again. Returns the
+/// detection time.
+async fn pause_and_recover(
+    pm: &ProcMesh,
+    mesh: &ActorMesh<Echo>,
+    proc_rank: usize,
+) -> anyhow::Result<Duration> {
+    use nix::sys::signal::Signal;
+    let mut failures = mesh.failures();
+    let generation = mesh.generation().0;
+    let pid = pid_of(pm, mesh, proc_rank)?;
+    let t = Instant::now();
+    signal(pid, Signal::SIGSTOP)?;
+    let seen = tokio::time::timeout(DEADLINE, failures.recv()).await;
+    let detected = t.elapsed();
+    signal(pid, Signal::SIGCONT)?;
+    seen??;
+    mesh.wait_status(DEADLINE, |s| {
+        *s == MeshStatus::Running && mesh.generation().0 > generation
+    })
+    .await?;
+    mesh.call(&Selection::All, &1).await?.into_result()?;
+    Ok(detected)
 }
 
 fn pid_of(pm: &ProcMesh, mesh: &ActorMesh<Echo>, proc_rank: usize) -> anyhow::Result<u32> {
@@ -119,6 +151,15 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         whole.push(k.answered);
     }
     pm.stop(Duration::from_secs(2)).await?;
+
+    let pauses = if opts.quick { 6 } else { 40 };
+    let (pm, mesh, spawn) = spawn_mesh(&rt, &alloc, Decision::RestartMember).await?;
+    cold.push(spawn);
+    let mut paused = Vec::with_capacity(pauses);
+    for i in 0..pauses {
+        paused.push(pause_and_recover(&pm, &mesh, i % 4).await?);
+    }
+    pm.stop(Duration::from_secs(2)).await?;
     for _ in 0..2 {
         let (pm, _, spawn) = spawn_mesh(&rt, &alloc, Decision::RestartMember).await?;
         cold.push(spawn);
@@ -151,6 +192,20 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         )
         .samples(detect.len()),
     );
+    paused.sort_unstable();
+    let timeout = ms(rt.config().endpoint.failure_timeout);
+    for p in [50.0, 99.0] {
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("detect_pause_p{p}"),
+                ms(percentile(&paused, p)),
+                "ms",
+            )
+            .samples(paused.len())
+            .against("failure_timeout", timeout, "ms"),
+        );
+    }
     let cold = ms(median(&mut cold));
     report.push(
         Figure::new(
