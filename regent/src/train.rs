@@ -10,7 +10,7 @@ use std::time::Duration;
 use regent_mesh::Decision;
 use std::sync::Arc;
 
-use regent_train::job::run::{FaultKind, FaultPlan, Isolate, percentile};
+use regent_train::job::run::{FaultKind, FaultPlan, FaultSpacing, Isolate, percentile};
 use regent_train::job::{
     JobCluster, JobConfig, JobEvent, JobSpec, ModelSpec, NanPolicy, OptimSpec, Report,
     reference_with_skips, run_job,
@@ -47,8 +47,9 @@ pub(crate) struct TrainOptions {
     /// Faults to inject: `KIND[,KIND...][:EVERY]`, kinds `kill`,
     /// `pause` (SIGSTOP, then SIGCONT 2.5 s later), `partition` (a proc
     /// cut off for 2.5 s, through UDP proxies) and `nan` (a NaN in one
-    /// rank's gradient of a step), taken in turn (e.g. `kill:15s`,
-    /// `kill,pause:5s`).
+    /// rank's gradient of a step), taken in turn, every so long or every
+    /// so many committed steps (e.g. `kill:15s`, `kill,pause:5s`,
+    /// `kill:75steps`).
     #[arg(long)]
     pub(crate) chaos: Option<String>,
     /// Also compute the fault-free result and compare the final weights
@@ -94,15 +95,13 @@ pub(crate) struct TrainOptions {
 }
 
 /// Parses `--chaos`: `KIND[,KIND...][:EVERY]` (kinds `kill`, `pause`,
-/// `partition`, `nan`; `EVERY` like `15s`, `500ms`; default 15 s).
+/// `partition`, `nan`; `EVERY` a time like `15s`, `500ms`, or a number of
+/// committed steps like `75steps`; default 15 s).
 pub(crate) fn parse_chaos(text: &str, seed: u64, until_step: u64) -> Result<FaultPlan, String> {
     let (kinds, every) = match text.split_once(':') {
-        Some((k, e)) => (k, crate::args::parse_duration(e)?),
-        None => (text, Duration::from_secs(15)),
+        Some((k, e)) => (k, parse_spacing(e)?),
+        None => (text, FaultSpacing::Time(Duration::from_secs(15))),
     };
-    if every < Duration::from_millis(100) {
-        return Err(format!("faults every {every:?}: at least 100 ms apart"));
-    }
     let kinds = kinds
         .split(',')
         .map(|k| match k.trim() {
@@ -122,6 +121,22 @@ pub(crate) fn parse_chaos(text: &str, seed: u64, until_step: u64) -> Result<Faul
         seed,
         until_step,
     })
+}
+
+/// `75steps` or a duration of at least 100 ms.
+fn parse_spacing(text: &str) -> Result<FaultSpacing, String> {
+    let text = text.trim();
+    if let Some(n) = text.strip_suffix("steps") {
+        return match n.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(FaultSpacing::Steps(n)),
+            _ => Err(format!("faults every {text:?}: a positive number of steps")),
+        };
+    }
+    let every = crate::args::parse_duration(text)?;
+    if every < Duration::from_millis(100) {
+        return Err(format!("faults every {every:?}: at least 100 ms apart"));
+    }
+    Ok(FaultSpacing::Time(every))
 }
 
 fn spec(opts: &TrainOptions) -> anyhow::Result<JobSpec> {
@@ -576,5 +591,27 @@ mod tests {
         assert!(d.join("latest").exists());
         drop(held);
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn chaos_takes_kinds_and_a_time_or_a_step_spacing() {
+        let p = parse_chaos("kill,pause:75steps", 3, 270).unwrap();
+        assert_eq!(p.kinds, [FaultKind::Kill, FaultKind::Pause]);
+        assert_eq!(p.every, FaultSpacing::Steps(75));
+        assert_eq!(p.until_step, 270);
+        let p = parse_chaos("nan:700ms", 3, 270).unwrap();
+        assert_eq!(p.every, FaultSpacing::Time(Duration::from_millis(700)));
+        let p = parse_chaos("partition", 3, 270).unwrap();
+        assert_eq!(p.every, FaultSpacing::Time(Duration::from_secs(15)));
+        for bad in [
+            "kill:0steps",
+            "kill:-3steps",
+            "kill:xsteps",
+            "kill:50ms",
+            "boom:1s",
+            ":1s",
+        ] {
+            assert!(parse_chaos(bad, 3, 270).is_err(), "{bad} was taken");
+        }
     }
 }

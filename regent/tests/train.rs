@@ -271,10 +271,11 @@ fn kills_under_restart_member_heal_from_peers_bit_identical() {
     let r = run_ok(
         &dir,
         "run",
-        &with(&base, &["--chaos", "kill:1500ms", "--step-timeout", "10s"]),
+        &with(&base, &["--chaos", "kill:75steps", "--step-timeout", "10s"]),
     );
+    // Steps 75, 150 and 225: the same three on any machine.
     let kills = count(&r, &["faults", "kill"]);
-    assert!(kills >= 3, "too few kills: {r:#}");
+    assert_eq!(kills, 3, "kills at 75, 150, 225: {r:#}");
     assert!(count(&r, &["failures"]) >= kills, "kills unseen: {r:#}");
     assert!(count(&r, &["heals"]) >= 3, "too few heals: {r:#}");
     assert!(count(&r, &["generation"]) >= 3, "{r:#}");
@@ -298,7 +299,9 @@ fn gang_restarts_resume_from_the_checkpoint_bit_identical() {
                 "--policy",
                 "mesh",
                 "--chaos",
-                "kill:2s",
+                // Steps 95, 190 and 285: past a checkpoint (every 10), so
+                // that restores replay steps.
+                "kill:95steps",
                 "--step-timeout",
                 "5s",
             ],
@@ -314,9 +317,7 @@ fn gang_restarts_resume_from_the_checkpoint_bit_identical() {
 #[test]
 fn paused_ranks_are_caught_by_the_step_deadline_bit_identical() {
     let dir = RunDir::new("pause");
-    // Enough steps that at least two pauses fall within the run on a fast
-    // machine too (300 steps took 5.3 s here: one pause).
-    let base = small("3", "800", "25");
+    let base = small("3", "300", "25");
     // A pause lasts 2.5 s; the step deadline is 1.5 s, under the job's
     // 3 s failure timeout: only the deadline can catch it.
     let r = run_ok(
@@ -324,13 +325,13 @@ fn paused_ranks_are_caught_by_the_step_deadline_bit_identical() {
         "run",
         &with(
             &base,
-            &["--chaos", "pause:1500ms", "--step-timeout", "1500ms"],
+            &["--chaos", "pause:75steps", "--step-timeout", "1500ms"],
         ),
     );
     assert!(count(&r, &["faults", "pause"]) >= 2, "{r:#}");
     assert!(count(&r, &["hung"]) >= 2, "no hung rank caught: {r:#}");
     assert!(count(&r, &["heals"]) >= 2, "{r:#}");
-    assert_bit_identical(dir.path(), 800, &[], &r);
+    assert_bit_identical(dir.path(), 300, &[], &r);
 }
 
 #[test]
@@ -342,7 +343,7 @@ fn a_partitioned_rank_is_replaced_bit_identical() {
         "run",
         &with(
             &base,
-            &["--chaos", "partition:1500ms", "--step-timeout", "1500ms"],
+            &["--chaos", "partition:75steps", "--step-timeout", "1500ms"],
         ),
     );
     assert!(count(&r, &["faults", "partition"]) >= 2, "{r:#}");
@@ -470,7 +471,7 @@ fn non_finite_steps_are_skipped_on_every_rank_and_in_the_reference() {
     let r = run_ok(
         &dir,
         "run",
-        &with(&base, &["--chaos", "nan:700ms", "--on-nan", "skip"]),
+        &with(&base, &["--chaos", "nan:50steps", "--on-nan", "skip"]),
     );
     let nans = count(&r, &["faults", "nan"]);
     let skipped = steps_of(&r, "skipped");
@@ -501,7 +502,9 @@ fn non_finite_steps_restore_the_checkpoint_and_replay_bit_identical() {
     let r = run_ok(
         &dir,
         "run",
-        &with(&base, &["--chaos", "nan:700ms", "--on-nan", "restore"]),
+        // Steps 45, 90 and 135: past a checkpoint (every 10), so that
+        // restores replay steps.
+        &with(&base, &["--chaos", "nan:45steps", "--on-nan", "restore"]),
     );
     let nans = count(&r, &["faults", "nan"]);
     assert!(nans >= 2, "{r:#}");

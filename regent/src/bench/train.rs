@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use regent_mesh::{ActorMesh, Rank, Selection, Shape, SpawnOptions};
-use regent_train::job::run::{FaultKind, FaultPlan};
+use regent_train::job::run::{FaultKind, FaultPlan, FaultSpacing};
 use regent_train::job::{
     JobCluster, JobConfig, JobEvent, JobSpec, ModelSpec, OptimSpec, Trainer, TrainerArgs,
     TrainerMsg, TrainerReply, run_job,
@@ -613,7 +613,7 @@ async fn model(
     let steps =
         ((f64::from(sizes.kills) * every.as_secs_f64()) / per_step).ceil() as u64 + 2 * tail;
     let plan = FaultPlan {
-        every,
+        every: FaultSpacing::Time(every),
         kinds: vec![FaultKind::Kill],
         pause: Duration::ZERO,
         seed: 7,

@@ -123,12 +123,24 @@ impl JobCluster {
     }
 }
 
+/// How far apart a plan's faults come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultSpacing {
+    /// One fault every this long, wall-clock: how faults come in a real
+    /// cluster, so how many land in a run depends on its speed.
+    Time(Duration),
+    /// One fault as the committed steps reach each multiple of this (at
+    /// least 1) below the plan's `until_step`: the count of faults in a run
+    /// is the same on any machine, which tests that count them want.
+    Steps(u64),
+}
+
 /// Faults on a seeded schedule: one of `kinds` every `every`, on a proc
 /// drawn from the seed.
 #[derive(Debug, Clone)]
 pub struct FaultPlan {
-    /// Time between faults.
-    pub every: Duration,
+    /// How far apart faults come.
+    pub every: FaultSpacing,
     /// The kinds, taken in turn.
     pub kinds: Vec<FaultKind>,
     /// How long a pause lasts.
@@ -1117,9 +1129,21 @@ async fn inject(
         rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
     };
     let mut i = 0usize;
+    let committed_now = || committed.load(std::sync::atomic::Ordering::Relaxed);
+    let mut next_step = 0u64;
     loop {
-        tokio::time::sleep(plan.every).await;
-        if committed.load(std::sync::atomic::Ordering::Relaxed) >= plan.until_step {
+        match plan.every {
+            FaultSpacing::Time(every) => tokio::time::sleep(every).await,
+            FaultSpacing::Steps(every) => {
+                next_step = next_step.saturating_add(every.max(1));
+                // Commits come every few milliseconds at most: a poll this
+                // often lands the fault within a step or two of its mark.
+                while committed_now() < next_step.min(plan.until_step) {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        }
+        if committed_now() >= plan.until_step {
             return;
         }
         let kind = plan.kinds[i % plan.kinds.len().max(1)];
