@@ -22,6 +22,14 @@ pub struct EndpointConfig {
     /// A link silent this long is declared failed (also QUIC's idle
     /// timeout). Default 1 s; at least twice `heartbeat_interval`.
     pub failure_timeout: Duration,
+    /// When set, the silence a link allows adapts to the jitter of its
+    /// peer's heartbeats (their mean interval plus six standard
+    /// deviations; see `docs/semantics.md` §2.4), between this and
+    /// `failure_timeout`: a quiet peer that stops is found after about this
+    /// long, one whose heartbeats arrive late is given up to
+    /// `failure_timeout`. Default `None`: a fixed `failure_timeout`. At
+    /// least twice `heartbeat_interval`.
+    pub failure_timeout_min: Option<Duration>,
     /// How long one dial (QUIC and TLS handshake plus `Hello`/`Welcome`) may
     /// take. Default 2 s.
     pub connect_timeout: Duration,
@@ -96,6 +104,7 @@ impl Default for EndpointConfig {
             max_frame_bytes: 1 << 20,
             heartbeat_interval: Duration::from_millis(100),
             failure_timeout: Duration::from_secs(1),
+            failure_timeout_min: None,
             connect_timeout: Duration::from_secs(2),
             reconnect_timeout: Duration::from_secs(10),
             send_buffer_messages: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
@@ -137,6 +146,8 @@ setters! {
     heartbeat_interval: Duration;
     /// Sets the failure timeout.
     failure_timeout: Duration;
+    /// Sets the adaptive failure timeout's minimum.
+    failure_timeout_min: Option<Duration>;
     /// Sets the connect timeout.
     connect_timeout: Duration;
     /// Sets the reconnect timeout.
@@ -204,6 +215,15 @@ impl EndpointConfig {
                 self.failure_timeout, self.heartbeat_interval
             ));
         }
+        if let Some(min) = self.failure_timeout_min
+            && (min < self.heartbeat_interval * 2 || min > self.failure_timeout)
+        {
+            return bad(format!(
+                "failure_timeout_min {min:?} is not between twice heartbeat_interval {:?} \
+                 and failure_timeout {:?}",
+                self.heartbeat_interval, self.failure_timeout
+            ));
+        }
         if self.connect_timeout.is_zero() || self.ack_delay.is_zero() {
             return bad("connect_timeout and ack_delay must be positive".into());
         }
@@ -217,5 +237,20 @@ impl EndpointConfig {
             return bad("max_peers is zero".into());
         }
         Ok(())
+    }
+}
+
+impl EndpointConfig {
+    /// A new link's heartbeat interval and failure detector.
+    pub(crate) fn detector(&self) -> (Duration, crate::detector::Detector) {
+        (
+            self.heartbeat_interval,
+            crate::detector::Detector::new(
+                tokio::time::Instant::now(),
+                self.heartbeat_interval,
+                self.failure_timeout,
+                self.failure_timeout_min,
+            ),
+        )
     }
 }

@@ -381,8 +381,7 @@ async fn handle_incoming(inner: Arc<Inner>, incoming: quinn::Incoming, slot: Own
         send,
         recv,
         decoder,
-        inner.config.heartbeat_interval,
-        inner.config.failure_timeout,
+        inner.config.detector(),
         facts.not_after,
         &mut shutdown,
     )

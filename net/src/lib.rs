@@ -64,6 +64,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+mod detector;
 mod endpoint;
 pub mod error;
 pub mod event;

@@ -7,8 +7,9 @@ use bytes::Bytes;
 use quinn::{ConnectionError, ReadError, RecvStream, SendStream, VarInt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
+use crate::detector::Detector;
 use crate::error::LinkFailure;
 use crate::wire::{self, Control, FrameDecoder, WireError};
 
@@ -131,17 +132,16 @@ pub(crate) fn until(t: SystemTime) -> Duration {
 
 /// Runs the control stream after the handshake: sends a heartbeat every
 /// `heartbeat_interval`, and returns the failure when the peer has been
-/// silent for `failure_timeout`, the connection closes, the peer breaks the
-/// protocol, the peer's certificate expires (`peer_not_after`), or the
-/// endpoint shuts down.
-#[allow(clippy::too_many_arguments)]
+/// silent for longer than `detector` allows (the failure timeout, or an
+/// allowance adapted to the heartbeats' jitter), the connection closes, the
+/// peer breaks the protocol, the peer's certificate expires
+/// (`peer_not_after`), or the endpoint shuts down.
 pub(crate) async fn run_control(
     conn: &quinn::Connection,
     mut send: SendStream,
     mut recv: RecvStream,
     mut decoder: FrameDecoder,
-    heartbeat_interval: Duration,
-    failure_timeout: Duration,
+    (heartbeat_interval, mut detector): (Duration, Detector),
     peer_not_after: SystemTime,
     shutdown: &mut watch::Receiver<bool>,
 ) -> LinkFailure {
@@ -155,17 +155,18 @@ pub(crate) async fn run_control(
         Ok(frame) => frame,
         Err(e) => return LinkFailure::Protocol(e.to_string()),
     };
-    let check_every = heartbeat_interval.min(failure_timeout / 4);
-    let mut tick = tokio::time::interval(check_every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut last_heard = Instant::now();
+    // One timer for both duties: the next heartbeat to send, and the
+    // moment the peer's silence would pass the detector's allowance (so a
+    // silence is found when it passes, not at the next periodic check).
     let mut next_heartbeat = Instant::now();
+    let timer = tokio::time::sleep_until(next_heartbeat);
+    tokio::pin!(timer);
     loop {
         // Frames that came along with the handshake.
         loop {
             match decoder.next_frame() {
                 Ok(Some(body)) => match wire::decode_body::<Control>(&body) {
-                    Ok(Control::Heartbeat) => last_heard = Instant::now(),
+                    Ok(Control::Heartbeat) => detector.heard(Instant::now()),
                     Ok(other) => {
                         return LinkFailure::Protocol(format!(
                             "unexpected control frame {other:?}"
@@ -180,12 +181,15 @@ pub(crate) async fn run_control(
         if *shutdown.borrow() {
             return LinkFailure::EndpointClosed;
         }
+        timer
+            .as_mut()
+            .reset(next_heartbeat.min(detector.deadline()));
         // Biased (fixed order, as in every select of this crate): a random
         // order is drawn from tokio's per-runtime generator, which cannot be
         // seeded on stable tokio, and would break replay in simulation.
-        // Rare events first; the tick before the stream, so a peer that
-        // floods the control stream cannot starve the heartbeats (the tick
-        // is ready once per period, so it starves nothing).
+        // Rare events first; the timer before the stream, so a peer that
+        // floods the control stream cannot starve the heartbeats (the timer
+        // is set in the future after each firing, so it starves nothing).
         tokio::select! {
             biased;
             _ = shutdown.changed() => return LinkFailure::EndpointClosed,
@@ -196,18 +200,17 @@ pub(crate) async fn run_control(
                     crate::tls::utc_date(peer_not_after)
                 ));
             }
-            _ = tick.tick() => {
+            () = &mut timer => {
                 let now = Instant::now();
-                let silent_for = now - last_heard;
-                if silent_for >= failure_timeout {
-                    // The tick wins ties: after this process was starved
+                if let Some(silent_for) = detector.failed(now) {
+                    // The timer wins ties: after this process was starved
                     // (descheduled, stopped), the peer's heartbeats may sit
                     // unread. Heard now is heard: take what is there first.
                     tokio::select! {
                         biased;
                         chunk = recv.read_chunk(READ_CHUNK_BYTES, true) => match chunk {
                             Ok(Some(chunk)) => {
-                                last_heard = now;
+                                detector.heard(now);
                                 decoder.push(&chunk.bytes);
                                 continue;
                             }
@@ -234,7 +237,7 @@ pub(crate) async fn run_control(
             }
             chunk = recv.read_chunk(READ_CHUNK_BYTES, true) => match chunk {
                 Ok(Some(chunk)) => {
-                    last_heard = Instant::now();
+                    detector.heard(Instant::now());
                     decoder.push(&chunk.bytes);
                 }
                 Ok(None) => {

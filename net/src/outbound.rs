@@ -487,8 +487,7 @@ async fn drive_session(inner: Arc<Inner>, session: Arc<Session>, first_addr: Soc
                     hs.send,
                     hs.recv,
                     hs.decoder,
-                    inner.config.heartbeat_interval,
-                    inner.config.failure_timeout,
+                    inner.config.detector(),
                     hs.facts.not_after,
                     &mut shutdown,
                 )

@@ -421,6 +421,54 @@ async fn a_stopped_peer_is_detected_in_time_and_the_session_resumes() {
     );
 }
 
+/// Adaptive detection (`failure_timeout_min`, `docs/semantics.md` §2.5):
+/// once the hub has heard a peer's regular heartbeats, a stop of that peer
+/// is found after about the minimum, far before the fixed
+/// `failure_timeout` (3 s here), which bounds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_detection_finds_a_stopped_regular_peer_near_its_minimum() {
+    let dir = TempDir::new("net", "adaptive");
+    let ca = ClusterCa::generate("adaptive").expect("ca");
+    let min = Duration::from_millis(300);
+    let config = EndpointConfig::default()
+        .failure_timeout(Duration::from_secs(3))
+        .failure_timeout_min(Some(min));
+    let mut hub = Hub::new(&ca, config);
+    // The peer's QUIC idle timeout is 3 s too (a connection idles out
+    // after the shorter of its two ends'), so only the detector can be
+    // what finds it silent within the bound.
+    let mut peer = Peer::spawn(
+        "peer",
+        &issued(&ca, &dir.0, "peer"),
+        &["--failure-timeout-ms", "3000"],
+    )
+    .await;
+    hub.route(&peer);
+    let record = port("peer", "record");
+    hub.send(&record, 0, 0..10, false).await;
+    peer.expect_got(0, 10).await;
+    // Twenty heartbeats and more: the detector knows the peer.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    peer.signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    hub.event(
+        "link failed",
+        |e| matches!(e, TransportEvent::LinkFailed { peer, .. } if *peer == pid("peer")),
+    )
+    .await;
+    let detected = stopped.elapsed();
+    peer.signal(Signal::SIGCONT);
+    eprintln!("SIGSTOP detected after {detected:?} (minimum {min:?})");
+    assert!(
+        detected >= min.saturating_sub(Duration::from_millis(100)),
+        "failure reported after {detected:?}, before the minimum {min:?}"
+    );
+    assert!(
+        detected < Duration::from_millis(1500),
+        "failure reported after {detected:?}: not adapted (fixed timeout 3 s)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_peer_is_detected_and_its_restart_gets_a_fresh_session() {
     let dir = TempDir::new("net", "kill");

@@ -15,6 +15,14 @@
 //!   plane's configured `failure_timeout`; the proc is resumed after (its
 //!   zombie is fenced and told to exit) and the mesh recovers before the
 //!   next pause.
+//! - `detect_pause_adaptive_p50` / `_p99`: the same with the adaptive
+//!   detector (`failure_timeout_min` [`ADAPTIVE_MIN`], heartbeats every
+//!   [`ADAPTIVE_HEARTBEAT`]), against that minimum; and
+//!   `false_failures_busy_<S>s`: failures the owner saw in S seconds while
+//!   every member spun on its core (four procs, each with a member
+//!   spinning, on the machine's cores) with that detector, nothing
+//!   injected (the claim is 0; S is 60, 5 with `--quick`, or
+//!   `REGENT_BENCH_BUSY_SECS`).
 
 use std::time::{Duration, Instant};
 
@@ -23,7 +31,7 @@ use regent_mesh::{
     Shape, SpawnOptions,
 };
 
-use super::mesh::{Echo, cluster};
+use super::mesh::{Bench, BenchOp, Echo, cluster};
 use super::{BenchOptions, Figure, Report, median, percentile};
 
 const SUITE: &str = "recovery";
@@ -34,6 +42,10 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const FULL_KILLS: usize = 200;
 /// Kills of a `--quick` run under the restart-member policy.
 const QUICK_KILLS: usize = 12;
+/// The adaptive detector's minimum in the `_adaptive` figures.
+const ADAPTIVE_MIN: Duration = Duration::from_millis(200);
+/// The heartbeat interval in the `_adaptive` figures.
+const ADAPTIVE_HEARTBEAT: Duration = Duration::from_millis(50);
 
 fn kill(pid: u32) -> anyhow::Result<()> {
     signal(pid, nix::sys::signal::Signal::SIGKILL)
@@ -160,6 +172,45 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         paused.push(pause_and_recover(&pm, &mesh, i % 4).await?);
     }
     pm.stop(Duration::from_secs(2)).await?;
+    drop(rt);
+
+    // The adaptive detector: pauses, then a busy machine with no fault.
+    let adaptive = RuntimeConfig::default().endpoint(
+        regent_net::EndpointConfig::default()
+            .heartbeat_interval(ADAPTIVE_HEARTBEAT)
+            .failure_timeout_min(Some(ADAPTIVE_MIN)),
+    );
+    let (rt2, alloc2) = cluster(adaptive).await?;
+    let (pm, mesh, _) = spawn_mesh(&rt2, &alloc2, Decision::RestartMember).await?;
+    // Let the detectors learn the heartbeats.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A soak of the claim: REGENT_BENCH_BUSY_SECS=1800 for 30 minutes.
+    let busy_secs: u64 = std::env::var("REGENT_BENCH_BUSY_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if opts.quick { 5 } else { 60 });
+    let spinners: ActorMesh<Bench> = pm.spawn("spin", 1, &()).await?;
+    let mut failures = mesh.failures();
+    spinners
+        .call_within(
+            &Selection::All,
+            &BenchOp::Spin(busy_secs * 1000),
+            Duration::from_secs(busy_secs + 30),
+        )
+        .await?
+        .into_result()?;
+    let mut false_failures = 0u64;
+    while failures.try_recv().is_ok() {
+        false_failures += 1;
+    }
+    spinners.stop().await?;
+    let mut adaptive_paused = Vec::with_capacity(pauses);
+    for i in 0..pauses {
+        adaptive_paused.push(pause_and_recover(&pm, &mesh, i % 4).await?);
+    }
+    pm.stop(Duration::from_secs(2)).await?;
+    drop(rt2);
+    let (rt, alloc) = cluster(RuntimeConfig::default()).await?;
     for _ in 0..2 {
         let (pm, _, spawn) = spawn_mesh(&rt, &alloc, Decision::RestartMember).await?;
         cold.push(spawn);
@@ -206,6 +257,25 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
             .against("failure_timeout", timeout, "ms"),
         );
     }
+    adaptive_paused.sort_unstable();
+    for p in [50.0, 99.0] {
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("detect_pause_adaptive_p{p}"),
+                ms(percentile(&adaptive_paused, p)),
+                "ms",
+            )
+            .samples(adaptive_paused.len())
+            .against("failure_timeout_min", ms(ADAPTIVE_MIN), "ms"),
+        );
+    }
+    report.push(Figure::new(
+        SUITE,
+        &format!("false_failures_busy_{busy_secs}s"),
+        false_failures as f64,
+        "failures",
+    ));
     let cold = ms(median(&mut cold));
     report.push(
         Figure::new(
