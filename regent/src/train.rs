@@ -77,6 +77,10 @@ pub(crate) struct TrainOptions {
     /// batch).
     #[arg(long, value_delimiter = ',')]
     pub(crate) nan_at: Vec<u64>,
+    /// Warm spare procs to keep: a killed or hung rank restarts in a
+    /// waiting process (an idle proc each) instead of a newly started one.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) spares: usize,
     /// libtorch intra-op threads per proc (the same in every proc and
     /// the reference, for bit-identical results).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=256))]
@@ -282,6 +286,7 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
     };
     config.nan_at = opts.nan_at.clone();
     config.threads = opts.threads;
+    config.spares = opts.spares;
     // Faults stop a few steps before the end, so the run ends.
     let until = opts.steps.saturating_sub(opts.steps / 10);
     config.faults = opts
@@ -512,6 +517,7 @@ fn report_json(
         "faults": faults,
         "failures": report.failures,
         "generation": report.generation,
+        "spares_taken": report.spares_taken,
         "hung": report.hung,
         "heals": report.heals.len(),
         "heal_bytes": report.heals.iter().map(|(b, _)| b).sum::<u64>(),

@@ -271,11 +271,23 @@ fn kills_under_restart_member_heal_from_peers_bit_identical() {
     let r = run_ok(
         &dir,
         "run",
-        &with(&base, &["--chaos", "kill:75steps", "--step-timeout", "10s"]),
+        &with(
+            &base,
+            &[
+                "--chaos",
+                "kill:75steps",
+                "--step-timeout",
+                "10s",
+                "--spares",
+                "1",
+            ],
+        ),
     );
     // Steps 75, 150 and 225: the same three on any machine.
     let kills = count(&r, &["faults", "kill"]);
     assert_eq!(kills, 3, "kills at 75, 150, 225: {r:#}");
+    // A warm spare replaced the killed proc (refilled between kills).
+    assert!(count(&r, &["spares_taken"]) >= 1, "no spare taken: {r:#}");
     assert!(count(&r, &["failures"]) >= kills, "kills unseen: {r:#}");
     assert!(count(&r, &["heals"]) >= 3, "too few heals: {r:#}");
     assert!(count(&r, &["generation"]) >= 3, "{r:#}");

@@ -630,6 +630,97 @@ async fn a_call_during_a_restart_fails_at_once_with_a_clear_error() {
     c.finish().await;
 }
 
+fn sigkill(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+/// Waits until the proc mesh keeps `n` live spares; returns them.
+async fn spares_ready(pm: &ProcMesh, n: usize) -> Vec<regent_mesh::alloc::AllocatedProc> {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let spares = pm.spares();
+        if spares.len() == n {
+            return spares;
+        }
+        assert!(Instant::now() < until, "spares {spares:?}, not {n}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Warm spares (`ProcMesh::keep_spares`): a spare killed while it waits is
+/// dropped and replaced in the background; a member's proc killed under
+/// restart-member is replaced by a waiting spare (the member's new life
+/// runs in that spare's process), and another spare is started in its
+/// place; stopping the proc mesh stops its spares too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_proc_is_replaced_by_a_warm_spare_and_the_spare_refilled() {
+    let c = Cluster::start(2).await;
+    c.procs.keep_spares(2).await.unwrap();
+    let first = spares_ready(&c.procs, 2).await;
+    c.guard.watch(first.iter().map(|p| p.pid));
+    let mesh = c
+        .spawn(
+            "w",
+            1,
+            SpawnOptions::new().policy(MeshPolicy::new(Decision::RestartMember)),
+        )
+        .await;
+    // A spare dies while it waits: it is never taken, and another is
+    // started in its place.
+    sigkill(first[0].pid);
+    let until = Instant::now() + DEADLINE;
+    let spares = loop {
+        let spares = spares_ready(&c.procs, 2).await;
+        if !spares.iter().any(|p| p.proc == first[0].proc) {
+            break spares;
+        }
+        assert!(Instant::now() < until, "the dead spare is still kept");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    c.guard.watch(spares.iter().map(|p| p.pid));
+    assert!(spares.iter().any(|p| p.proc == first[1].proc), "{spares:?}");
+    // A member's proc dies: a waiting spare takes its place.
+    let mut failures = mesh.failures();
+    let before = whoami(&mesh).await;
+    sigkill(c.pid_of(&mesh, 1));
+    tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    running_at(&mesh, 1).await;
+    let after = whoami(&mesh).await;
+    assert_eq!(after[0], before[0], "rank 0 untouched");
+    let replacement = &mesh.procs()[1];
+    let taken = spares
+        .iter()
+        .find(|p| p.proc == replacement.proc)
+        .unwrap_or_else(|| {
+            panic!(
+                "rank 1 runs on {}, not a spare of {spares:?}",
+                replacement.proc
+            )
+        });
+    assert_eq!(
+        after[1],
+        (1, 1, taken.pid),
+        "rank 1 lives in the spare's process"
+    );
+    // The taken spare is replaced in the background.
+    let refilled = spares_ready(&c.procs, 2).await;
+    c.guard.watch(refilled.iter().map(|p| p.pid));
+    assert!(
+        !refilled.iter().any(|p| p.proc == taken.proc),
+        "{refilled:?}"
+    );
+    // finish() stops the proc mesh and checks that no proc, spares
+    // included, outlives it.
+    c.finish().await;
+}
+
 /// The controller's endpoint settings reach its procs through their boot:
 /// with a frame limit of 4 MiB, a 2 MiB message goes down a cast tree of
 /// real procs (proc to proc too) and 2 MiB replies come back (split into

@@ -84,15 +84,21 @@ pub(super) async fn renew(inner: Weak<Inner>) {
     loop {
         tokio::time::sleep(period).await;
         let Some(inner) = inner.upgrade() else { return };
-        let fabric = &inner.fabric;
         for p in inner.leases.leased() {
-            // A full buffer or a dead proc is not the lease's problem.
-            let _ = fabric.endpoint.try_send(
-                &fabric.me,
-                &proc_port(&p, names::COMMAND_PORT),
-                Generation(0),
-                ProcCommand::Renew,
-            );
+            renew_one(&inner, &p);
         }
     }
+}
+
+/// Renews `proc`'s lease now (never waiting: a full buffer or a dead proc
+/// is not the lease's problem). The first renewal also opens the link and
+/// the command stream to the proc.
+pub(super) fn renew_one(inner: &Inner, proc: &ProcId) {
+    let fabric = &inner.fabric;
+    let _ = fabric.endpoint.try_send(
+        &fabric.me,
+        &proc_port(proc, names::COMMAND_PORT),
+        Generation(0),
+        ProcCommand::Renew,
+    );
 }

@@ -479,6 +479,12 @@ impl Runtime {
         self.inner.fabric.lost.contains(proc)
     }
 
+    /// Renews `proc`'s lease now, which also opens the link and command
+    /// stream to it ahead of the first command (warm spares).
+    pub(crate) fn warm_up(&self, proc: &ProcId) {
+        leases::renew_one(&self.inner, proc);
+    }
+
     /// Stops renewing a proc's lease (it is being stopped).
     pub(crate) fn release(&self, proc: &ProcId) {
         self.inner.leases.release(proc);

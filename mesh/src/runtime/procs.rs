@@ -5,6 +5,12 @@
 //! replacement; the slot starts one fresh proc (with the rank's placement)
 //! and every other mesh on that proc gets the same one — so meshes that
 //! shared a proc (a trainer and its data loader) stay together.
+//!
+//! A proc mesh may keep warm spares ([`ProcMesh::keep_spares`]): procs
+//! started ahead, leased and connected but hosting nothing. A replacement
+//! then takes a spare at once instead of starting a proc (the process, its
+//! boot, its certificate and handshake: most of a restart), and a new
+//! spare is started in the background.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -41,7 +47,31 @@ pub(crate) struct ProcSlots {
     replaced: Mutex<VecDeque<AllocatedProc>>,
     /// One replacement at a time.
     replacing: tokio::sync::Mutex<()>,
+    /// Warm spares and how many to keep.
+    spares: Mutex<Spares>,
+    /// Replacements that took a spare.
+    spares_taken: std::sync::atomic::AtomicU64,
 }
+
+/// A proc mesh's warm spares.
+#[derive(Default)]
+struct Spares {
+    /// How many to keep.
+    target: usize,
+    /// Started and ready, oldest first.
+    ready: VecDeque<AllocatedProc>,
+    /// Being started.
+    starting: usize,
+    /// The proc mesh stopped: no more spares; one that comes up is
+    /// stopped.
+    stopped: bool,
+    /// A task replaces spares that die while they wait.
+    watched: bool,
+}
+
+/// How long the spares' watcher waits for news of a lost proc before it
+/// looks again whether its proc mesh is still there.
+const SPARES_WATCH: Duration = Duration::from_secs(1);
 
 impl ProcSlots {
     /// The procs now, by rank.
@@ -53,7 +83,7 @@ impl ProcSlots {
     /// with the rank's placement) if the slot's proc is lost, else the one
     /// already there (which replaced `dead`).
     pub(crate) async fn replace(
-        &self,
+        self: &Arc<Self>,
         rank: u32,
         dead: &ProcId,
     ) -> Result<AllocatedProc, MeshError> {
@@ -76,13 +106,25 @@ impl ProcSlots {
             .get(rank as usize)
             .cloned()
             .unwrap_or_default();
-        let mut fresh = self.rt.allocate(&self.allocator, vec![placement]).await?;
-        let fresh = fresh.pop().ok_or_else(|| MeshError::Spawn {
-            mesh: String::new(),
-            proc: dead.clone(),
-            message: "the allocator started no proc".into(),
-        })?;
-        tracing::info!(proc_rank = rank, old = %dead, new = %fresh.proc, "fresh proc replaces a lost one");
+        let fresh = match self.take_spare(&placement) {
+            Some(spare) => {
+                self.spares_taken
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(proc_rank = rank, old = %dead, new = %spare.proc, "a warm spare replaces a lost proc");
+                spare
+            }
+            None => {
+                let mut fresh = self.rt.allocate(&self.allocator, vec![placement]).await?;
+                let fresh = fresh.pop().ok_or_else(|| MeshError::Spawn {
+                    mesh: String::new(),
+                    proc: dead.clone(),
+                    message: "the allocator started no proc".into(),
+                })?;
+                tracing::info!(proc_rank = rank, old = %dead, new = %fresh.proc, "fresh proc replaces a lost one");
+                fresh
+            }
+        };
+        self.refill_spares();
         let old = std::mem::replace(
             &mut self.current.lock().expect("proc slots lock")[rank as usize],
             fresh.clone(),
@@ -93,6 +135,105 @@ impl ProcSlots {
             replaced.pop_front();
         }
         Ok(fresh)
+    }
+
+    /// A live spare for a rank placed at `placement` (spares are started
+    /// with the default placement, so only such ranks take them); dead
+    /// spares met on the way are dropped.
+    fn take_spare(&self, placement: &Placement) -> Option<AllocatedProc> {
+        if *placement != Placement::default() {
+            return None;
+        }
+        let mut spares = self.spares.lock().expect("spares lock");
+        while let Some(spare) = spares.ready.pop_front() {
+            if !self.rt.is_lost(&spare.proc) {
+                return Some(spare);
+            }
+        }
+        None
+    }
+
+    /// Starts spares in the background until the target is ready or
+    /// starting again (the dead ones dropped first).
+    fn refill_spares(self: &Arc<Self>) {
+        let missing = {
+            let mut spares = self.spares.lock().expect("spares lock");
+            spares.ready.retain(|p| !self.rt.is_lost(&p.proc));
+            let have = spares.ready.len() + spares.starting;
+            let missing = spares.target.saturating_sub(have);
+            if spares.stopped || missing == 0 {
+                return;
+            }
+            spares.starting += missing;
+            missing
+        };
+        let slots = self.clone();
+        tokio::spawn(async move {
+            let started = slots
+                .rt
+                .allocate(&slots.allocator, vec![Placement::default(); missing])
+                .await;
+            let late = {
+                let mut spares = slots.spares.lock().expect("spares lock");
+                spares.starting -= missing;
+                match started {
+                    Ok(procs) if spares.stopped => procs,
+                    Ok(procs) => {
+                        for p in &procs {
+                            slots.rt.warm_up(&p.proc);
+                        }
+                        spares.ready.extend(procs);
+                        Vec::new()
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "starting warm spares failed");
+                        Vec::new()
+                    }
+                }
+            };
+            // Started after the proc mesh stopped: stopped too.
+            for p in late {
+                slots.rt.release(&p.proc);
+                let _ = slots.allocator.stop(&p.proc, Duration::ZERO).await;
+            }
+        });
+    }
+
+    /// Replaces spares that die while they wait (killed, their host lost),
+    /// until the proc mesh stops or is gone.
+    fn watch_spares(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(slots) = weak.upgrade() else { return };
+                if slots.spares.lock().expect("spares lock").stopped {
+                    return;
+                }
+                let lost = &slots.rt.inner.fabric.lost;
+                let changed = lost.changed();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                let dead = slots
+                    .spares
+                    .lock()
+                    .expect("spares lock")
+                    .ready
+                    .iter()
+                    .any(|p| slots.rt.is_lost(&p.proc));
+                if dead {
+                    slots.refill_spares();
+                }
+                let _ = tokio::time::timeout(SPARES_WATCH, changed).await;
+            }
+        });
+    }
+
+    /// Ends the spares: those ready are returned (to stop), none is started
+    /// again.
+    fn end_spares(&self) -> Vec<AllocatedProc> {
+        let mut spares = self.spares.lock().expect("spares lock");
+        spares.stopped = true;
+        spares.ready.drain(..).collect()
     }
 }
 
@@ -128,6 +269,8 @@ impl ProcMesh {
                 placements,
                 replaced: Mutex::new(VecDeque::new()),
                 replacing: tokio::sync::Mutex::new(()),
+                spares: Mutex::new(Spares::default()),
+                spares_taken: std::sync::atomic::AtomicU64::new(0),
             }),
             rt,
             shape,
@@ -139,10 +282,19 @@ impl ProcMesh {
         self.slots.current()
     }
 
-    /// Every proc started for this mesh: those now, and the last
-    /// 1024 replaced ones.
+    /// Every proc started for this mesh: those now, its warm spares, and
+    /// the last 1024 replaced ones.
     pub fn all_procs(&self) -> Vec<AllocatedProc> {
         let mut all = self.slots.current();
+        all.extend(
+            self.slots
+                .spares
+                .lock()
+                .expect("spares lock")
+                .ready
+                .iter()
+                .cloned(),
+        );
         all.extend(
             self.slots
                 .replaced
@@ -152,6 +304,69 @@ impl ProcMesh {
                 .cloned(),
         );
         all
+    }
+
+    /// Keeps `n` warm spare procs (started now, and again in the
+    /// background each time one is taken): a proc of the default placement
+    /// that dies is replaced by a spare at once, so its members answer
+    /// again after a command round trip instead of a proc's start. Each
+    /// spare costs an idle process (its memory, a QUIC connection with
+    /// heartbeats, its lease renewals). Returns once the spares are up;
+    /// `n` below the count kept stops none until they are taken.
+    pub async fn keep_spares(&self, n: usize) -> Result<(), MeshError> {
+        let slots = self.slots.clone();
+        self.rt
+            .on_control(async move {
+                let (missing, watch) = {
+                    let mut spares = slots.spares.lock().expect("spares lock");
+                    spares.target = n;
+                    let watch = n > 0 && !spares.watched;
+                    spares.watched |= watch;
+                    (
+                        n.saturating_sub(spares.ready.len() + spares.starting),
+                        watch,
+                    )
+                };
+                if watch {
+                    slots.watch_spares();
+                }
+                if missing > 0 {
+                    let procs = slots
+                        .rt
+                        .allocate(&slots.allocator, vec![Placement::default(); missing])
+                        .await?;
+                    for p in &procs {
+                        slots.rt.warm_up(&p.proc);
+                    }
+                    slots
+                        .spares
+                        .lock()
+                        .expect("spares lock")
+                        .ready
+                        .extend(procs);
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    /// The warm spares ready now (live ones: a spare known to have died is
+    /// left out, and replaced in the background).
+    pub fn spares(&self) -> Vec<AllocatedProc> {
+        let spares = self.slots.spares.lock().expect("spares lock");
+        spares
+            .ready
+            .iter()
+            .filter(|p| !self.rt.is_lost(&p.proc))
+            .cloned()
+            .collect()
+    }
+
+    /// How many lost procs a warm spare replaced so far.
+    pub fn spares_taken(&self) -> u64 {
+        self.slots
+            .spares_taken
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The shape.
@@ -233,7 +448,8 @@ impl ProcMesh {
     }
 
     async fn stop_here(self, grace: Duration) -> Result<(), MeshError> {
-        let procs = self.slots.current();
+        let mut procs = self.slots.current();
+        procs.extend(self.slots.end_spares());
         let ids: std::collections::HashSet<ProcId> = procs.iter().map(|p| p.proc.clone()).collect();
         self.rt.stop_meshes_on(&ids).await;
         for p in &procs {

@@ -312,7 +312,11 @@ impl Supervisor {
                     self.record(|r| r.restarting(&ranks.iter().map(|r| r.0).collect::<Vec<_>>()));
                     // The meshes the failed members owned go with them.
                     self.rt.stop_owned(self.shared.id, Some(&ranks)).await;
-                    tokio::time::sleep(delay).await;
+                    // (A zero sleep still waits for the timer's next
+                    // tick, up to a millisecond: none without backoff.)
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
                     let restart = Restart {
                         generation,
                         ranks: ranks.iter().map(|r| r.0).collect(),
@@ -336,7 +340,11 @@ impl Supervisor {
                     self.record(|r| r.restarting(&all));
                     self.rt.stop_owned(self.shared.id, None).await;
                     self.stop_members().await;
-                    tokio::time::sleep(delay).await;
+                    // (A zero sleep still waits for the timer's next
+                    // tick, up to a millisecond: none without backoff.)
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
                     let all: Vec<Rank> = (0..self.shared.info().members()).map(Rank).collect();
                     let restart = Restart {
                         generation,

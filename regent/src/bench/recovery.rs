@@ -10,6 +10,13 @@
 //!   member again, with the failed member respawned on a fresh proc; against
 //!   the mesh's cold spawn time in the same run.
 //! - `restart_mesh_answer`: the same under the restart-mesh policy.
+//! - `restart_member_spare_answer`: `restart_member_answer` with
+//!   [`SPARES`] warm spares kept (`ProcMesh::keep_spares`): the lost proc
+//!   is replaced by a spare, checked at each kill; against the cold
+//!   restart; and `restart_member_spare_after_failure_p50` / `_p99`: from
+//!   the owner's `MeshFailure` to the member answering again (the kernel's
+//!   teardown of the killed process, before anyone can know of the death,
+//!   left out).
 //! - `detect_pause_p50` / `_p99`: SIGSTOP of a proc → the `MeshFailure`
 //!   at the owner (a silent link: nothing is pushed), against the control
 //!   plane's configured `failure_timeout`; the proc is resumed after (its
@@ -46,6 +53,8 @@ const QUICK_KILLS: usize = 12;
 const ADAPTIVE_MIN: Duration = Duration::from_millis(200);
 /// The heartbeat interval in the `_adaptive` figures.
 const ADAPTIVE_HEARTBEAT: Duration = Duration::from_millis(50);
+/// Warm spares kept in the `_spare` figures.
+const SPARES: usize = 2;
 
 fn kill(pid: u32) -> anyhow::Result<()> {
     signal(pid, nix::sys::signal::Signal::SIGKILL)
@@ -164,6 +173,33 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     }
     pm.stop(Duration::from_secs(2)).await?;
 
+    // Warm spares: the same kills, each lost proc replaced by a spare.
+    let (pm, mesh, spawn) = spawn_mesh(&rt, &alloc, Decision::RestartMember).await?;
+    cold.push(spawn);
+    pm.keep_spares(SPARES).await?;
+    let mut spared = Vec::with_capacity(kills);
+    let mut spared_after = Vec::with_capacity(kills);
+    for i in 0..kills {
+        // Each kill finds its spares refilled (started in the background
+        // after the last one was taken).
+        let until = Instant::now() + DEADLINE;
+        while pm.spares().len() < SPARES {
+            anyhow::ensure!(Instant::now() < until, "spares not refilled in time");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let ready: Vec<_> = pm.spares().into_iter().map(|p| p.proc).collect();
+        let k = kill_and_recover(&pm, &mesh, i % 4).await?;
+        let now = mesh.procs()[i % 4].proc.clone();
+        anyhow::ensure!(
+            ready.contains(&now),
+            "kill {i}: proc rank {} was replaced by {now}, not a spare",
+            i % 4
+        );
+        spared.push(k.answered);
+        spared_after.push(k.answered.saturating_sub(k.detected));
+    }
+    pm.stop(Duration::from_secs(2)).await?;
+
     let pauses = if opts.quick { 6 } else { 40 };
     let (pm, mesh, spawn) = spawn_mesh(&rt, &alloc, Decision::RestartMember).await?;
     cold.push(spawn);
@@ -277,16 +313,34 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         "failures",
     ));
     let cold = ms(median(&mut cold));
+    let member_cold = ms(median(&mut member));
+    report.push(
+        Figure::new(SUITE, "restart_member_answer", member_cold, "ms")
+            .samples(member.len())
+            .against("cold_spawn_4_procs", cold, "ms"),
+    );
     report.push(
         Figure::new(
             SUITE,
-            "restart_member_answer",
-            ms(median(&mut member)),
+            "restart_member_spare_answer",
+            ms(median(&mut spared)),
             "ms",
         )
-        .samples(member.len())
-        .against("cold_spawn_4_procs", cold, "ms"),
+        .samples(spared.len())
+        .against("restart_member_answer", member_cold, "ms"),
     );
+    spared_after.sort_unstable();
+    for p in [50.0, 99.0] {
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("restart_member_spare_after_failure_p{p}"),
+                ms(percentile(&spared_after, p)),
+                "ms",
+            )
+            .samples(spared_after.len()),
+        );
+    }
     report.push(
         Figure::new(SUITE, "restart_mesh_answer", ms(median(&mut whole)), "ms")
             .samples(whole.len())

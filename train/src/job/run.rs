@@ -182,6 +182,9 @@ pub struct JobConfig {
     /// poisoned with a NaN every time they are computed (a bad batch: the
     /// same step fails again when it is replayed). At most [`MAX_NAN_AT`].
     pub nan_at: Vec<u64>,
+    /// Warm spare procs kept for replacements (`ProcMesh::keep_spares`):
+    /// a killed rank restarts in a waiting process instead of a new one.
+    pub spares: usize,
 }
 
 impl JobConfig {
@@ -201,6 +204,7 @@ impl JobConfig {
             on_nan: NanPolicy::Skip,
             max_consecutive_skips: 16,
             nan_at: Vec::new(),
+            spares: 0,
         }
     }
 }
@@ -306,6 +310,8 @@ pub struct Report {
     pub final_state: PathBuf,
     /// The mesh's final generation.
     pub generation: u64,
+    /// Lost procs a warm spare replaced.
+    pub spares_taken: u64,
 }
 
 impl Report {
@@ -394,10 +400,11 @@ impl std::fmt::Display for Report {
         let (n, b, t) = sum(&self.heals);
         writeln!(
             f,
-            "  heals: {n} ({:.1} MB in {:.0} ms); restores from a checkpoint: {}",
+            "  heals: {n} ({:.1} MB in {:.0} ms); restores from a checkpoint: {}; procs replaced by warm spares: {}",
             b as f64 / 1e6,
             t.as_secs_f64() * 1e3,
-            self.restores
+            self.restores,
+            self.spares_taken
         )?;
         writeln!(
             f,
@@ -532,6 +539,12 @@ pub async fn run_job(
             Shape::new([("procs", world as usize)]).map_err(regent_mesh::MeshError::from)?,
         )
         .await?;
+    if config.spares > 0
+        && let Err(e) = procs.keep_spares(config.spares).await
+    {
+        let _ = procs.stop(Duration::from_secs(2)).await;
+        return Err(e.into());
+    }
     // A collective gives up a quarter before the step deadline, so the
     // ranks waiting for a hung peer answer (a broken collective) and only
     // the hung rank is left without an answer when the deadline passes.
@@ -572,6 +585,7 @@ pub async fn run_job(
     .await;
     report.wall = t0.elapsed();
     report.generation = mesh.generation().0;
+    report.spares_taken = procs.spares_taken();
     let _ = mesh.stop().await;
     let _ = procs.stop(Duration::from_secs(2)).await;
     result.map(|()| report)
