@@ -18,12 +18,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use regent_mesh::alloc::{Placement, ProcBoot, ProcSignal, ProcStatus};
 use regent_mesh::host::wire::{
-    HostHello, HostOp, HostReply, HostRequest, ProcExited, ProcLogs, ProcReady, Ready, Renew, ReplyOk,
-    RequestId, SpawnRequest,
+    HostHello, HostOp, HostReply, HostRequest, ProcExited, ProcLogs, ProcReady, Ready, Renew,
+    ReplyOk, RequestId, SpawnRequest,
 };
 use regent_mesh::protocol::{
-    self, CastFrame, CastOrder, CastToken, Collect, Contribution, MemberExited, MeshId, MeshInfo, ProcCommand,
-    ProcReply, ProcStats, ReplyBody, ReplyTo, Restart, SpawnChild,
+    self, CastFrame, CastOrder, CastToken, Collect, Contribution, MemberExited, MeshChange, MeshId,
+    MeshInfo, ProcCommand, ProcReply, ProcStats, ReplyBody, ReplyTo, Restart, SpawnChild,
 };
 use regent_mesh::{Decision, FailureCause, MemberError, MeshFailure, MeshPolicy, Rank, Shape};
 use regent_net::wire::{
@@ -331,6 +331,14 @@ fn cast(collect: Collect, selection: &str, reply: bool) -> CastFrame {
     }
 }
 
+fn change(from: u64, generation: u64) -> MeshChange {
+    MeshChange {
+        from: Generation(from),
+        generation: Generation(generation),
+        moved: vec![(1, addr("quic://10.0.0.3:4433/trainer-1b"))],
+    }
+}
+
 fn restart(generation: u64) -> Restart {
     Restart {
         generation: Generation(generation),
@@ -367,7 +375,8 @@ fn mesh(out: &mut Seeds) {
             ProcCommand::Respawn {
                 call: 3,
                 reply_to: reply_to(),
-                info: mesh_info(1),
+                mesh: MeshId(3),
+                change: change(0, 1),
                 ranks: vec![2, 3],
                 args: Bytes::new(),
                 restart: restart(1),
@@ -378,7 +387,8 @@ fn mesh(out: &mut Seeds) {
             ProcCommand::Update {
                 call: 4,
                 reply_to: reply_to(),
-                info: mesh_info(2),
+                mesh: MeshId(3),
+                change: change(1, 2),
                 restart: Some(restart(2)),
             },
         ),
@@ -842,7 +852,10 @@ fn rdma(out: &mut Seeds) {
     for (name, b) in [
         ("request-read", request(1, 4096, 7, 0, 0)),
         ("request-write", request(2, 1 << 20, 7, 1 << 30, 0)),
-        ("request-write-windowed", request(2, 4096, 7, 64, 0x0102_0304)),
+        (
+            "request-write-windowed",
+            request(2, 4096, 7, 64, 0x0102_0304),
+        ),
         ("request-verbs-connect", request(3, 32, 0, 0, 0)),
     ] {
         assert_eq!(regent_rdma::fuzz_tcp_request(&b), Some(b), "{name}");
@@ -865,7 +878,10 @@ fn rdma(out: &mut Seeds) {
     for (name, payload) in [
         ("frame-request", request(1, 4096, 7, 0, 0).to_vec()),
         ("frame-response", response(0, 4096).to_vec()),
-        ("frame-data", (0..4096u32).map(|i| i as u8).collect::<Vec<u8>>()),
+        (
+            "frame-data",
+            (0..4096u32).map(|i| i as u8).collect::<Vec<u8>>(),
+        ),
     ] {
         let wire = regent_rdma::fuzz_tcp_seal(&payload).expect("a frame");
         assert_eq!(regent_rdma::fuzz_tcp_open(&wire), Some(payload), "{name}");

@@ -349,6 +349,94 @@ pub struct Restart {
     pub sources: Vec<(u32, u32)>,
 }
 
+impl Restart {
+    /// Checks the restart against the mesh in its new generation: the
+    /// ranks and sources are members, the generation is the mesh's.
+    pub fn validate_for(&self, info: &MeshInfo) -> Result<(), String> {
+        let members = info.members();
+        let ok = self.ranks.len() <= members as usize
+            && self.ranks.iter().all(|&r| r < members)
+            && self.sources.len() <= members as usize
+            && self
+                .sources
+                .iter()
+                .all(|&(a, b)| a < members && b < members);
+        if !ok {
+            return Err("restart outside the mesh".into());
+        }
+        if self.generation != info.generation {
+            return Err(format!(
+                "a restart into generation {} of a mesh in generation {}",
+                self.generation.0, info.generation.0
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What restarts changed in a mesh that a proc already hosts, since the
+/// generation the proc last learned (`from`): the new generation and the
+/// procs that replaced lost ones since, by proc rank. Procs that host the
+/// mesh are sent this in place of the whole [`MeshInfo`], which names every
+/// proc: a restart then costs the controller bytes in proportion to the
+/// procs, not to their square.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeshChange {
+    /// The generation the change starts from: the receiving proc must know
+    /// it (or a later one).
+    pub from: Generation,
+    /// The new generation.
+    pub generation: Generation,
+    /// The procs that replaced lost ones since `from`, by proc rank
+    /// (ascending).
+    pub moved: Vec<(u32, ProcAddr)>,
+}
+
+impl MeshChange {
+    /// Checks the bounds a proc relies on before it knows the mesh.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.moved.len() > MAX_PROCS as usize || self.moved.iter().any(|(r, _)| *r >= MAX_PROCS)
+        {
+            return Err("moved procs out of range".into());
+        }
+        if self.from > self.generation {
+            return Err(format!(
+                "a change from generation {} back to {}",
+                self.from.0, self.generation.0
+            ));
+        }
+        Ok(())
+    }
+
+    /// `info` with this change applied; refused when `info` is older than
+    /// the change's start (moves between them would be missing), newer
+    /// than its end, or a moved rank is outside the mesh.
+    pub fn apply(&self, info: &MeshInfo) -> Result<MeshInfo, String> {
+        if info.generation < self.from {
+            return Err(format!(
+                "a change from generation {} to a proc that knows generation {}",
+                self.from.0, info.generation.0
+            ));
+        }
+        if self.generation < info.generation {
+            return Err(format!(
+                "a change to generation {} of a mesh in generation {}",
+                self.generation.0, info.generation.0
+            ));
+        }
+        let mut next = info.clone();
+        next.generation = self.generation;
+        for (rank, addr) in &self.moved {
+            let slot = next
+                .procs
+                .get_mut(*rank as usize)
+                .ok_or_else(|| format!("proc rank {rank} outside the mesh"))?;
+            *slot = addr.clone();
+        }
+        Ok(next)
+    }
+}
+
 /// A command from a controller (or a parent node) to a proc's control port.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ProcCommand {
@@ -377,15 +465,17 @@ pub enum ProcCommand {
         mesh: MeshId,
     },
     /// Respawn some of this proc's members of a mesh in the mesh's new
-    /// generation (`info.generation`), replacing their current lives, and
+    /// generation (`change.generation`), replacing their current lives, and
     /// enroll the others.
     Respawn {
         /// The caller's number for this request.
         call: u64,
         /// Where to answer.
         reply_to: PortId,
-        /// The mesh, in its new generation.
-        info: MeshInfo,
+        /// The mesh.
+        mesh: MeshId,
+        /// Its new generation and moved procs.
+        change: MeshChange,
         /// The ranks to respawn (all hosted here).
         ranks: Vec<u32>,
         /// The encoded arguments.
@@ -401,8 +491,10 @@ pub enum ProcCommand {
         call: u64,
         /// Where to answer.
         reply_to: PortId,
-        /// The mesh, in its new generation.
-        info: MeshInfo,
+        /// The mesh.
+        mesh: MeshId,
+        /// Its new generation and moved procs.
+        change: MeshChange,
         /// What changed (survivors are told).
         restart: Option<Restart>,
     },
@@ -453,17 +545,14 @@ pub enum ProcCommand {
 impl ProcCommand {
     /// Checks every field a proc relies on (see also
     /// [`CastFrame::validate_at`] once the mesh is known).
+    /// Update and Respawn carry a [`MeshChange`]: their ranks and restart
+    /// are checked against the mesh once the change is applied
+    /// ([`Restart::validate_for`]).
     pub fn validate(&self) -> Result<(), String> {
-        let ranks_ok = |ranks: &[u32], info: &MeshInfo| {
-            ranks.len() <= info.members() as usize && ranks.iter().all(|&r| r < info.members())
-        };
-        let restart_ok = |r: &Restart, info: &MeshInfo| {
-            ranks_ok(&r.ranks, info)
-                && r.sources.len() <= info.members() as usize
-                && r.sources
-                    .iter()
-                    .all(|&(a, b)| a < info.members() && b < info.members())
-                && r.generation == info.generation
+        // Bounds that hold in any mesh, before the mesh is known.
+        let restart_bounded = |r: &Restart| {
+            let most = (MAX_PROCS as usize).saturating_mul(MAX_PER_PROC as usize);
+            r.ranks.len() <= most && r.sources.len() <= most
         };
         match self {
             Self::Spawn {
@@ -476,25 +565,33 @@ impl ProcCommand {
                 if *proc_rank >= info.proc_count() {
                     return Err(format!("proc rank {proc_rank} outside the mesh"));
                 }
-                if start.as_ref().is_some_and(|r| !restart_ok(r, info)) {
-                    return Err("restart outside the mesh".into());
+                if let Some(r) = start {
+                    r.validate_for(info)?;
                 }
             }
             Self::Respawn {
-                info,
+                change,
                 ranks,
                 restart,
                 ..
             } => {
-                info.validate()?;
-                if !ranks_ok(ranks, info) || !restart_ok(restart, info) {
-                    return Err("ranks outside the mesh".into());
+                change.validate()?;
+                if !restart_bounded(restart) || restart.generation != change.generation {
+                    return Err("restart outside the change".into());
+                }
+                if ranks.len() > MAX_PER_PROC as usize {
+                    return Err("more ranks than a proc hosts".into());
                 }
             }
-            Self::Update { info, restart, .. } => {
-                info.validate()?;
-                if restart.as_ref().is_some_and(|r| !restart_ok(r, info)) {
-                    return Err("restart outside the mesh".into());
+            Self::Update {
+                change, restart, ..
+            } => {
+                change.validate()?;
+                if restart
+                    .as_ref()
+                    .is_some_and(|r| !restart_bounded(r) || r.generation != change.generation)
+                {
+                    return Err("restart outside the change".into());
                 }
             }
             Self::ChildInfo { info } => info.validate()?,

@@ -82,6 +82,8 @@ struct SimFabric {
     world: Arc<World>,
     me: ProcId,
     sent: AtomicU64,
+    /// Bytes of the commands sent (their encoded payload).
+    sent_bytes: AtomicU64,
     lost: LostProcs,
     /// Hops the command this node is handling took (0 at the controller).
     hops: AtomicU32,
@@ -97,6 +99,8 @@ impl Fabric for SimFabric {
     ) -> BoxFuture<'_, Result<(), SendProblem>> {
         self.world.frames.fetch_add(1, Ordering::Relaxed);
         self.sent.fetch_add(1, Ordering::Relaxed);
+        let bytes = encode(&cmd).map_or(0, |b| b.len() as u64);
+        self.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
         let hops = self.hops.load(Ordering::Relaxed).saturating_add(1);
         if matches!(cmd, ProcCommand::Cast(_)) {
             self.world.cast_hops.fetch_max(hops, Ordering::Relaxed);
@@ -158,6 +162,17 @@ pub struct SimReport {
     pub frames: u64,
     /// Members that answered the gathering call (each exactly once).
     pub answered: u32,
+    /// The controller's frames and bytes (encoded commands) for the spawn.
+    pub spawn_sent: (u64, u64),
+    /// The controller's frames and bytes for a restart of proc 0's members
+    /// in their proc ([`ProcCommand::Respawn`] there, [`ProcCommand::Update`]
+    /// to every other proc, each with a [`MeshChange`]).
+    pub restart_sent: (u64, u64),
+    /// The bytes the same restart took when every command carried the
+    /// whole [`MeshInfo`] (as before changes): the baseline.
+    pub restart_whole_info_bytes: u64,
+    /// The controller's frames and bytes for one round of lease renewals.
+    pub renew_sent: (u64, u64),
     /// Time to spawn every member.
     pub spawn: Duration,
     /// Time for one cast to reach every member's mailbox (acknowledged).
@@ -323,6 +338,73 @@ impl SimWorld {
         Ok(())
     }
 
+    /// Restarts proc 0's members in their proc as the controller does:
+    /// `Respawn` there and `Update` to every other proc, each with the
+    /// change from generation `info.generation` (nothing moved); checks the
+    /// answers. The mesh in its new generation, and the bytes the same
+    /// commands would take more, each, with the whole mesh in place of its
+    /// change.
+    async fn restart_proc_0(&self, info: &MeshInfo) -> Result<(MeshInfo, u64), SimError> {
+        let mut next = info.clone();
+        next.generation = Generation(info.generation.0 + 1);
+        let change = crate::protocol::MeshChange {
+            from: info.generation,
+            generation: next.generation,
+            moved: Vec::new(),
+        };
+        let ranks: Vec<u32> = (0..info.per_proc).collect();
+        let restart = crate::protocol::Restart {
+            generation: next.generation,
+            ranks: ranks.clone(),
+            cause: crate::policy::FailureCause::Stopped,
+            sources: ranks
+                .iter()
+                .map(|&r| (r, info.per_proc.min(info.members() - 1)))
+                .collect(),
+        };
+        let whole = encode(&next).map_err(err)?.len() as u64;
+        let mut answers = Vec::with_capacity(self.ids.len());
+        let mut change_bytes = 0;
+        for rank in 0..self.ids.len() as u32 {
+            let answer = self
+                .request(&next, rank, |call, reply_to| {
+                    let cmd = if rank == 0 {
+                        ProcCommand::Respawn {
+                            call,
+                            reply_to,
+                            mesh: next.id,
+                            change: change.clone(),
+                            ranks: ranks.clone(),
+                            args: encode(&()).unwrap_or_default(),
+                            restart: restart.clone(),
+                        }
+                    } else {
+                        ProcCommand::Update {
+                            call,
+                            reply_to,
+                            mesh: next.id,
+                            change: change.clone(),
+                            restart: Some(restart.clone()),
+                        }
+                    };
+                    change_bytes = encode(&change).map_or(0, |b| b.len() as u64);
+                    cmd
+                })
+                .await?;
+            answers.push(answer);
+        }
+        for a in answers {
+            match a.await.map_err(err)? {
+                ReplyBody::Updated | ReplyBody::Spawned(Ok(())) => {}
+                other => return Err(SimError(format!("restart failed: {other:?}"))),
+            }
+        }
+        // Each command with the whole mesh in place of its change and the
+        // mesh's id (which the whole mesh carries).
+        let id = encode(&next.id).map_err(err)?.len() as u64;
+        Ok((next, whole.saturating_sub(change_bytes + id)))
+    }
+
     /// A cast of `7` from the root to every member of `info` (in its
     /// generation), with `budget`.
     fn frame(
@@ -395,6 +477,7 @@ impl SimFabric {
             world: world.clone(),
             me,
             sent: AtomicU64::new(0),
+            sent_bytes: AtomicU64::new(0),
             lost: LostProcs::default(),
             hops: AtomicU32::new(0),
         }
@@ -410,9 +493,29 @@ pub async fn simulate(
 ) -> Result<SimReport, SimError> {
     let sim = SimWorld::start(procs)?;
     let info = sim.mesh(per_proc, fanout)?;
+    let sent = |f: &SimFabric| {
+        (
+            f.sent.load(Ordering::Relaxed),
+            f.sent_bytes.load(Ordering::Relaxed),
+        )
+    };
+    let minus = |(a, b): (u64, u64), (c, d): (u64, u64)| (a - c, b - d);
     let t = Instant::now();
     sim.spawn(&info).await?;
     let spawn = t.elapsed();
+    let spawn_sent = sent(&sim.fabric);
+    let before = sent(&sim.fabric);
+    let (info, whole_more) = sim.restart_proc_0(&info).await?;
+    let restart_sent = minus(sent(&sim.fabric), before);
+    let restart_whole_info_bytes = restart_sent.1 + whole_more * u64::from(procs);
+    let before = sent(&sim.fabric);
+    for rank in 0..procs {
+        sim.fabric
+            .command(&info, rank, ProcCommand::Renew, tokio::time::Instant::now())
+            .await
+            .map_err(err)?;
+    }
+    let renew_sent = minus(sent(&sim.fabric), before);
     let budget = Duration::from_secs(120);
     let world = &sim.world;
     let fabric = &sim.fabric;
@@ -469,6 +572,10 @@ pub async fn simulate(
         depth_formula: tree::depth(procs, fanout),
         controller_frames,
         frames,
+        spawn_sent,
+        restart_sent,
+        restart_whole_info_bytes,
+        renew_sent,
         answered: gathered.values.len() as u32,
         spawn,
         cast,
@@ -495,7 +602,12 @@ mod tests {
             .request(info, rank, |call, reply_to| ProcCommand::Update {
                 call,
                 reply_to,
-                info: info.clone(),
+                mesh: info.id,
+                change: crate::protocol::MeshChange {
+                    from: Generation(0),
+                    generation: info.generation,
+                    moved: Vec::new(),
+                },
                 restart: None,
             })
             .await
@@ -581,7 +693,12 @@ mod tests {
                 .request(&next, 0, |call, reply_to| ProcCommand::Respawn {
                     call,
                     reply_to,
-                    info: next.clone(),
+                    mesh: next.id,
+                    change: crate::protocol::MeshChange {
+                        from: Generation(round - 1),
+                        generation: next.generation,
+                        moved: Vec::new(),
+                    },
                     ranks: vec![1],
                     args: encode(&()).unwrap(),
                     restart: Restart {

@@ -284,16 +284,27 @@ impl ProcRuntime {
             ProcCommand::Respawn {
                 call,
                 reply_to,
-                info,
+                mesh,
+                change,
                 ranks,
                 args,
                 restart,
             } => {
-                let Some(hosted) = self.hosted.get(&info.id) else {
+                let Some(hosted) = self.hosted.get(&mesh) else {
                     let body =
-                        ReplyBody::Spawned(Err(format!("mesh {} has no members here", info.name)));
+                        ReplyBody::Spawned(Err(format!("mesh {} has no members here", mesh.0)));
                     self.reply(reply_to, call, body);
                     return None;
+                };
+                let info = match change
+                    .apply(&hosted.known.info())
+                    .and_then(|info| restart.validate_for(&info).map(|()| info))
+                {
+                    Ok(info) => info,
+                    Err(e) => {
+                        self.reply(reply_to, call, ReplyBody::Spawned(Err(e)));
+                        return None;
+                    }
                 };
                 let first = hosted.proc_rank.saturating_mul(info.per_proc);
                 if let Some(r) = ranks
@@ -324,25 +335,29 @@ impl ProcRuntime {
             ProcCommand::Update {
                 call,
                 reply_to,
-                info,
+                mesh,
+                change,
                 restart,
             } => {
-                let body = match self.hosted.get(&info.id) {
-                    None => {
-                        ReplyBody::Spawned(Err(format!("mesh {} has no members here", info.name)))
-                    }
-                    Some(h) if info.generation < h.known.info().generation => {
-                        ReplyBody::Spawned(Err("an update to an older generation".into()))
-                    }
-                    Some(h) => {
-                        self.fabric.learn(&info);
-                        h.known.update(info);
-                        if let Some(restart) = restart {
-                            h.known.restarted(&restart);
-                            h.tell_survivors(&restart);
+                let body = match self.hosted.get(&mesh) {
+                    None => ReplyBody::Spawned(Err(format!("mesh {} has no members here", mesh.0))),
+                    Some(h) => match change
+                        .apply(&h.known.info())
+                        .and_then(|info| match &restart {
+                            Some(r) => r.validate_for(&info).map(|()| info),
+                            None => Ok(info),
+                        }) {
+                        Err(e) => ReplyBody::Spawned(Err(e)),
+                        Ok(info) => {
+                            self.fabric.learn(&info);
+                            h.known.update(info);
+                            if let Some(restart) = restart {
+                                h.known.restarted(&restart);
+                                h.tell_survivors(&restart);
+                            }
+                            ReplyBody::Updated
                         }
-                        ReplyBody::Updated
-                    }
+                    },
                 };
                 self.reply(reply_to, call, body);
             }

@@ -25,7 +25,7 @@ use super::{MeshError, Runtime};
 use crate::alloc::ProcEvent;
 use crate::policy::{FailureCause, MeshAction, MeshEvent, MeshFailure, MeshMachine, MeshStatus};
 use crate::protocol::{
-    MemberExited, MeshId, MeshInfo, ProcCommand, ReplyBody, Restart, SpawnChild,
+    MemberExited, MeshChange, MeshId, MeshInfo, ProcCommand, ReplyBody, Restart, SpawnChild,
 };
 use crate::shape::Rank;
 
@@ -84,6 +84,77 @@ struct Supervisor {
     /// Signals taken from `rx` during a restart that are not failures (stop
     /// requests, spawn requests): handled once the restart is over.
     backlog: std::collections::VecDeque<Signal>,
+    /// What each proc knows of the mesh.
+    views: Views,
+}
+
+/// What each proc of a mesh is known to hold of it, so that a restart
+/// sends each only what changed since it last learned the mesh (a
+/// [`MeshChange`]); a proc that missed a change (its command failed) is
+/// sent the moves it missed with the next one.
+struct Views {
+    /// By proc rank: the generation whose procs the proc is known to hold
+    /// (it answered a command of that generation).
+    known: Vec<Generation>,
+    /// By proc rank: the generation its proc last changed in.
+    moved_at: Vec<Generation>,
+}
+
+impl Views {
+    fn new(procs: u32, generation: Generation) -> Self {
+        Self {
+            known: vec![generation; procs as usize],
+            moved_at: vec![generation; procs as usize],
+        }
+    }
+
+    /// Proc rank `rank` got a new proc in `generation`.
+    fn moved(&mut self, rank: u32, generation: Generation) {
+        if let Some(g) = self.moved_at.get_mut(rank as usize) {
+            *g = generation;
+        }
+    }
+
+    /// What proc rank `rank` needs to hold `info`: the procs moved since
+    /// the generation it knows.
+    fn change_for(&self, rank: u32, info: &MeshInfo) -> MeshChange {
+        let from = self.known.get(rank as usize).copied().unwrap_or_default();
+        let moved = self
+            .moved_at
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| **g > from)
+            .map(|(r, _)| (r as u32, info.procs[r].clone()))
+            .collect();
+        MeshChange {
+            from,
+            generation: info.generation,
+            moved,
+        }
+    }
+
+    /// Takes the procs' answers to the commands of a restart into
+    /// `generation`: those that succeeded know it. The first error, if any.
+    fn answered(
+        &mut self,
+        answers: impl IntoIterator<Item = (u32, Result<(), MeshError>)>,
+        generation: Generation,
+    ) -> Result<(), MeshError> {
+        let mut first = None;
+        for (rank, r) in answers {
+            match r {
+                Ok(()) => {
+                    if let Some(g) = self.known.get_mut(rank as usize) {
+                        *g = generation;
+                    }
+                }
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
 }
 
 /// The bound of a mesh supervisor's queue: every signal is a report about
@@ -134,6 +205,7 @@ pub(crate) fn start(setup: Setup) -> Arc<MeshShared> {
         owner: setup.options.owner,
         rx,
         backlog: std::collections::VecDeque::new(),
+        views: Views::new(shared.info().proc_count(), shared.info().generation),
     };
     let task = tokio::spawn(s.run());
     tokio::spawn(watch_supervisor(
@@ -749,6 +821,15 @@ impl Supervisor {
         let mut info = (*self.shared.info()).clone();
         info.generation = restart.generation;
         let fresh = self.replace(&mut info, replace).await?;
+        for &rank in &fresh {
+            self.views.moved(rank, info.generation);
+        }
+        // Procs that host the mesh learn what changed since they last
+        // learned it, not every proc again.
+        let changes: Vec<MeshChange> = (0..info.proc_count())
+            .map(|rank| self.views.change_for(rank, &info))
+            .collect();
+        let changes_ref = &changes;
         let mut by_proc: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for &r in &restart.ranks {
             by_proc.entry(r / info.per_proc).or_default().push(r);
@@ -766,7 +847,10 @@ impl Supervisor {
         // before the restarted members start.
         let spawns = fresh.iter().map(|&rank| {
             let proc = info_ref.procs[rank as usize].proc.clone();
-            async move { spawn_on(rt, info_ref, rank, &proc, args, Some(restart_ref)).await }
+            async move {
+                let r = spawn_on(rt, info_ref, rank, &proc, args, Some(restart_ref)).await;
+                (rank, r)
+            }
         });
         let (mut enrolls, mut respawns) = (Vec::new(), Vec::new());
         for (rank, addr) in info.procs.iter().enumerate() {
@@ -786,7 +870,8 @@ impl Supervisor {
                             Some(ranks) => ProcCommand::Respawn {
                                 call,
                                 reply_to,
-                                info: info_ref.clone(),
+                                mesh: info_ref.id,
+                                change: changes_ref[rank as usize].clone(),
                                 ranks,
                                 args: args.clone(),
                                 restart: restart_ref.clone(),
@@ -794,14 +879,15 @@ impl Supervisor {
                             None => ProcCommand::Update {
                                 call,
                                 reply_to,
-                                info: info_ref.clone(),
+                                mesh: info_ref.id,
+                                change: changes_ref[rank as usize].clone(),
                                 restart: Some(restart_ref.clone()),
                             },
                         },
                         &info_ref.name,
                     )
-                    .await?;
-                spawned(body, info_ref, &proc)
+                    .await;
+                (rank, body.and_then(|body| spawned(body, info_ref, &proc)))
             };
             if respawns_here {
                 respawns.push(command);
@@ -811,13 +897,10 @@ impl Supervisor {
         }
         let enrolled = join_all(enrolls).await;
         let (a, b) = futures::join!(join_all(spawns), join_all(respawns));
+        let generation = info.generation;
         *self.shared.info.write().expect("mesh info lock") = Arc::new(info);
-        enrolled
-            .into_iter()
-            .chain(a)
-            .chain(b)
-            .collect::<Result<Vec<()>, _>>()?;
-        Ok(())
+        self.views
+            .answered(enrolled.into_iter().chain(a).chain(b), generation)
     }
 
     /// Respawns every member in the new generation (they were stopped), on
@@ -828,15 +911,23 @@ impl Supervisor {
         self.replace(&mut info, replace).await?;
         let rt = &self.rt;
         let args = &self.args;
-        let spawns = info
-            .procs
-            .iter()
-            .enumerate()
-            .map(|(rank, a)| spawn_on(rt, &info, rank as u32, &a.proc, args, Some(&restart)));
+        let spawns = info.procs.iter().enumerate().map(|(rank, a)| {
+            let (info, restart) = (&info, &restart);
+            async move {
+                let rank = rank as u32;
+                (
+                    rank,
+                    spawn_on(rt, info, rank, &a.proc, args, Some(restart)).await,
+                )
+            }
+        });
         let results = join_all(spawns).await;
+        let generation = info.generation;
+        for rank in 0..info.proc_count() {
+            self.views.moved(rank, generation);
+        }
         *self.shared.info.write().expect("mesh info lock") = Arc::new(info);
-        results.into_iter().collect::<Result<Vec<()>, _>>()?;
-        Ok(())
+        self.views.answered(results, generation)
     }
 
     /// Stops every member on every live proc, last proc first (each proc
@@ -869,3 +960,130 @@ impl Supervisor {
 }
 
 use crate::policy::Decision;
+
+#[cfg(test)]
+mod views_tests {
+    use std::net::SocketAddr;
+
+    use proptest::prelude::*;
+    use regent_net::{ProcAddr, ProcId};
+
+    use super::*;
+    use crate::protocol::CastToken;
+
+    fn addr(rank: usize, generation: u64) -> ProcAddr {
+        ProcAddr {
+            socket: SocketAddr::from(([127, 0, 0, 1], 1000 + rank as u16)),
+            proc: ProcId::new(&format!("p{rank}-{generation}")).unwrap(),
+        }
+    }
+
+    fn info(procs: usize) -> MeshInfo {
+        MeshInfo {
+            id: MeshId(1),
+            name: "m".into(),
+            actor_type: "t".into(),
+            shape: crate::shape::Shape::new([("procs", procs), ("actors", 1)]).unwrap(),
+            per_proc: 1,
+            procs: (0..procs).map(|r| addr(r, 0)).collect(),
+            fanout: crate::tree::DEFAULT_FANOUT,
+            owner: regent_net::PortId {
+                actor: regent_net::ActorId {
+                    proc: ProcId::new("ctl").unwrap(),
+                    name: regent_net::ActorName::new("c").unwrap(),
+                    index: 0,
+                },
+                port: 0,
+            },
+            generation: Generation(0),
+            token: CastToken(1),
+        }
+    }
+
+    proptest! {
+        /// Restarts replace random procs, and random commands to the
+        /// others fail: every proc that takes its change ends up with
+        /// exactly the controller's mesh, whatever it missed before.
+        #[test]
+        fn every_proc_that_takes_its_change_holds_the_controllers_mesh(
+            procs in 1usize..8,
+            rounds in proptest::collection::vec((any::<u8>(), any::<u8>()), 1..12),
+        ) {
+            let mut now = info(procs);
+            let mut held: Vec<MeshInfo> = vec![now.clone(); procs];
+            let mut views = Views::new(procs as u32, Generation(0));
+            for (round, (replaced, failing)) in rounds.into_iter().enumerate() {
+                let g = round as u64 + 1;
+                let mut next = now.clone();
+                next.generation = Generation(g);
+                for r in (0..procs).filter(|r| replaced & (1 << r) != 0) {
+                    next.procs[r] = addr(r, g);
+                    views.moved(r as u32, next.generation);
+                }
+                let mut answers = Vec::new();
+                for (r, held) in held.iter_mut().enumerate() {
+                    if replaced & (1 << r) != 0 {
+                        // A fresh proc is spawned with the whole mesh.
+                        *held = next.clone();
+                        answers.push((r as u32, Ok(())));
+                    } else if failing & (1 << r) != 0 {
+                        answers.push((r as u32, Err(MeshError::Encode("lost".into()))));
+                    } else {
+                        let change = views.change_for(r as u32, &next);
+                        let applied = change.apply(held);
+                        prop_assert!(applied.is_ok(), "rank {r}: {applied:?}");
+                        *held = applied.unwrap();
+                        prop_assert_eq!(&held.procs, &next.procs, "rank {}", r);
+                        prop_assert_eq!(held.generation, next.generation);
+                        answers.push((r as u32, Ok(())));
+                    }
+                }
+                let _ = views.answered(answers, next.generation);
+                now = next;
+            }
+        }
+    }
+
+    #[test]
+    fn a_change_is_sent_only_with_what_moved_and_refused_by_a_proc_that_lacks_its_start() {
+        let mut views = Views::new(3, Generation(0));
+        let mut next = info(3);
+        next.generation = Generation(1);
+        next.procs[2] = addr(2, 1);
+        views.moved(2, Generation(1));
+        let change = views.change_for(0, &next);
+        assert_eq!(change.moved, vec![(2, addr(2, 1))]);
+        assert_eq!(change.from, Generation(0));
+        // Rank 1 missed generation 1; rank 0 took it.
+        let _ = views.answered(
+            [(0, Ok(())), (1, Err(MeshError::Encode("lost".into())))],
+            Generation(1),
+        );
+        let mut later = next.clone();
+        later.generation = Generation(2);
+        assert!(views.change_for(0, &later).moved.is_empty());
+        let missed = views.change_for(1, &later);
+        assert_eq!(missed.moved, vec![(2, addr(2, 1))]);
+        // A change that starts after what a proc knows is refused, as is
+        // one older than it.
+        let behind = info(3);
+        let ahead = MeshChange {
+            from: Generation(1),
+            generation: Generation(2),
+            moved: Vec::new(),
+        };
+        assert!(ahead.apply(&behind).is_err());
+        let older = MeshChange {
+            from: Generation(0),
+            generation: Generation(1),
+            moved: Vec::new(),
+        };
+        assert!(older.apply(&later).is_err());
+        let outside = MeshChange {
+            from: Generation(0),
+            generation: Generation(1),
+            moved: vec![(3, addr(3, 1))],
+        };
+        assert!(outside.apply(&behind).is_err());
+    }
+}

@@ -27,7 +27,13 @@
 //! - `sim_*`: the in-memory simulation (no sockets) of casts to 10,000 and
 //!   100,000 members: the tree depth measured from the hops the frames took
 //!   beside the formula's, the frames the controller and all nodes sent for
-//!   one cast (deterministic: one cast is the sample), the gather time.
+//!   one cast (deterministic: one cast is the sample), the gather time;
+//!   and what the controller sends (frames, and bytes of the encoded
+//!   commands) to spawn the mesh, to restart one proc's members (a
+//!   `Respawn` there and an `Update` to every other proc, each with the
+//!   change since the proc's generation, taken by the real proc runtimes),
+//!   against the same restart with the whole mesh in every command (as
+//!   before changes), and for one round of lease renewals.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -529,6 +535,40 @@ async fn simulation(report: &mut Report, members: &[(u32, u32)]) -> anyhow::Resu
             f64::from(r.procs),
             "procs",
         ));
+        // What the controller sends to spawn, restart and renew: frames
+        // and the bytes of the encoded commands.
+        let kb = |b: u64| b as f64 / 1e3;
+        for (what, (frames, bytes)) in [
+            ("spawn", r.spawn_sent),
+            ("restart", r.restart_sent),
+            ("renew", r.renew_sent),
+        ] {
+            report.push(
+                Figure::new(
+                    SUITE,
+                    &format!("sim_{n}_{what}_controller_frames"),
+                    frames as f64,
+                    "msg",
+                )
+                .samples(1),
+            );
+            let figure = Figure::new(
+                SUITE,
+                &format!("sim_{n}_{what}_controller_bytes"),
+                kb(bytes),
+                "kB",
+            )
+            .samples(1);
+            report.push(if what == "restart" {
+                figure.against(
+                    "restart_whole_mesh_each",
+                    kb(r.restart_whole_info_bytes),
+                    "kB",
+                )
+            } else {
+                figure
+            });
+        }
         report.push(
             Figure::new(
                 SUITE,
