@@ -19,9 +19,10 @@
 //!   come with its exit: `FailureCause::ProcExited::last_lines`.
 //! - A proc's `tracing` output goes to its stderr through [`ProcStderr`],
 //!   which prefixes every event written on a member's thread with the
-//!   member's [`MemberTag`]; the sink reads that tag back
-//!   ([`MemberTag::parse`]). Raw stdout (`println!`) cannot be told apart
-//!   by member, so it carries its proc's identity.
+//!   member's [`MemberTag`] (after [`TAG_MARK`], so that a user's line
+//!   that looks like a tag is not taken for one); the sink reads that tag
+//!   back ([`MemberTag::parse`]). Raw stdout (`println!`) cannot be told
+//!   apart by member, so it carries its proc's identity.
 //! - [`LogMode`]: fold repeated identical lines across ranks (Monarch-style,
 //!   within [`LogConfig::fold_window`]), print every line, print JSON lines,
 //!   or print nothing. In every mode [`LogSink::subscribe`] hands out what
@@ -257,7 +258,13 @@ impl Tail {
     }
 }
 
-/// Which member a line was written for: the prefix `[mesh rRANK gGEN]`.
+/// The character that starts a member's tag on a proc's stderr (ASCII's
+/// record separator, which no one prints by accident): a user's line that
+/// happens to look like `[mesh r1 g2] ...` is not read as that member's.
+pub const TAG_MARK: char = '\u{1e}';
+
+/// Which member a line was written for: the prefix `[mesh rRANK gGEN]`
+/// (after [`TAG_MARK`] on the wire).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MemberTag {
     /// The mesh's name.
@@ -275,11 +282,11 @@ impl fmt::Display for MemberTag {
 }
 
 impl MemberTag {
-    /// Reads a tag at the start of `text` (`[mesh rN gN] rest`): the tag
-    /// and the rest, or `None` if `text` does not start with one. A mesh
-    /// name with whitespace or `]` is never tagged.
+    /// Reads a tag at the start of `text` (`TAG_MARK` then `[mesh rN gN]
+    /// rest`): the tag and the rest, or `None` if `text` does not start
+    /// with one. A mesh name with whitespace or `]` is never tagged.
     pub fn parse(text: &str) -> Option<(Self, &str)> {
-        let inner = text.strip_prefix('[')?;
+        let inner = text.strip_prefix(TAG_MARK)?.strip_prefix('[')?;
         let (inside, rest) = inner.split_once("] ")?;
         let mut parts = inside.split(' ');
         let (mesh, rank, generation) = (parts.next()?, parts.next()?, parts.next()?);
@@ -320,7 +327,7 @@ thread_local! {
 pub(crate) fn set_thread_member(tag: Option<&MemberTag>) {
     let prefix = tag
         .filter(|t| MemberTag::taggable(&t.mesh))
-        .map(|t| format!("{t} "));
+        .map(|t| format!("{TAG_MARK}{t} "));
     MEMBER.with(|m| *m.borrow_mut() = prefix);
 }
 

@@ -271,7 +271,9 @@ impl fmt::Display for FailureCause {
                 if !last_lines.is_empty() {
                     f.write_str("; its last lines:")?;
                     for line in last_lines {
-                        write!(f, "\n    | {}", line.text)?;
+                        // A member's line shows its tag, not the mark.
+                        let text = line.text.strip_prefix(crate::logs::TAG_MARK);
+                        write!(f, "\n    | {}", text.unwrap_or(&line.text))?;
                     }
                 }
                 Ok(())

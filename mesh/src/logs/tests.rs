@@ -61,7 +61,7 @@ proptest! {
     #[test]
     fn member_tags_round_trip(mesh in "[a-z0-9_.-]{1,12}", rank: u32, generation: u64, rest in ".{0,40}") {
         let tag = MemberTag { mesh, rank, generation };
-        let text = format!("{tag} {rest}");
+        let text = format!("{TAG_MARK}{tag} {rest}");
         let (back, tail) = MemberTag::parse(&text).unwrap();
         prop_assert_eq!(back, tag);
         prop_assert_eq!(tail, rest.as_str());
@@ -70,7 +70,8 @@ proptest! {
     #[test]
     fn member_tag_parse_never_panics(text in "\\PC{0,60}") {
         if let Some((tag, rest)) = MemberTag::parse(&text) {
-            prop_assert!(text.starts_with(&tag.to_string()));
+            let printed = format!("{TAG_MARK}{tag}");
+            prop_assert!(text.starts_with(&printed));
             prop_assert!(text.ends_with(rest));
         }
     }
@@ -99,15 +100,21 @@ fn a_line_too_long_does_not_decode() {
 
 #[test]
 fn prefixes_say_who_wrote_it() {
-    let r = LogRecord::of(line("p0-2", "[train r2 g3] loss 1.23"));
+    let r = LogRecord::of(line("p0-2", "\u{1e}[train r2 g3] loss 1.23"));
     assert_eq!(r.render(LogMode::All).unwrap(), "[train r2 g3] loss 1.23");
+    // A user's line that only looks like a tag is the proc's.
+    let r = LogRecord::of(line("p0-2", "[train r2 g3] loss 1.23"));
+    assert_eq!(
+        r.render(LogMode::All).unwrap(),
+        "[p0 r2] [train r2 g3] loss 1.23"
+    );
     let r = LogRecord::of(line("p0-2", "listening"));
     assert_eq!(r.render(LogMode::Fold).unwrap(), "[p0 r2] listening");
     let r = LogRecord::of(line("host-a", "x"));
     assert_eq!(r.render(LogMode::All).unwrap(), "[host-a] x");
     assert_eq!(r.render(LogMode::Off), None);
     let json: serde_json::Value =
-        serde_json::from_str(&LogRecord::of(line("p1-0", "[m r4 g1] hi")).to_json()).unwrap();
+        serde_json::from_str(&LogRecord::of(line("p1-0", "\u{1e}[m r4 g1] hi")).to_json()).unwrap();
     assert_eq!(
         json,
         serde_json::json!({"proc": "p1-0", "mesh": "m", "rank": 4, "gen": 1, "stream": "stdout", "line": "hi"})
@@ -122,7 +129,7 @@ async fn the_folder_folds_within_its_window_and_keeps_order() {
     let mut f = Folder::new(window);
     let t0 = Instant::now();
     for r in [2, 0, 3, 1] {
-        let text = format!("[m r{r} g1] same");
+        let text = format!("\u{1e}[m r{r} g1] same");
         assert!(
             f.push(t0, LogRecord::of(line(&format!("p0-{r}"), &text)))
                 .is_empty()
@@ -157,8 +164,8 @@ async fn the_folder_folds_within_its_window_and_keeps_order() {
         .collect();
     assert_eq!(rest, vec!["[p0 r1] b", "[p0 r0] a"]);
     // Different generations or streams do not fold.
-    f.push(t1, LogRecord::of(line("p0-0", "[m r0 g1] x")));
-    f.push(t1, LogRecord::of(line("p0-1", "[m r1 g2] x")));
+    f.push(t1, LogRecord::of(line("p0-0", "\u{1e}[m r0 g1] x")));
+    f.push(t1, LogRecord::of(line("p0-1", "\u{1e}[m r1 g2] x")));
     assert_eq!(f.drain().len(), 2);
 }
 
@@ -217,4 +224,19 @@ fn a_dropped_count_keeps_its_weight() {
     );
     assert_eq!(line("p0-0", "regent: 5 lines").weight(), 1);
     assert_eq!(line("p0-0", "anything").weight(), 1);
+}
+
+#[test]
+fn a_dead_procs_last_lines_show_the_member_tag_without_its_mark() {
+    let cause = crate::policy::FailureCause::ProcExited {
+        proc: regent_net::ProcId::new("p0-1").unwrap(),
+        status: crate::alloc::ProcStatus::Signal(9),
+        last_lines: vec![line("p0-1", "\u{1e}[m r1 g2] bye"), line("p0-1", "raw")],
+    };
+    let shown = cause.to_string();
+    assert!(
+        shown.contains("| [m r1 g2] bye") && shown.contains("| raw"),
+        "{shown}"
+    );
+    assert!(!shown.contains(TAG_MARK), "{shown:?}");
 }
