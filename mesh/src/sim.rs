@@ -166,7 +166,7 @@ pub struct SimReport {
     pub spawn_sent: (u64, u64),
     /// The controller's frames and bytes for a restart of proc 0's members
     /// in their proc ([`ProcCommand::Respawn`] there, [`ProcCommand::Update`]
-    /// to every other proc, each with a [`MeshChange`]).
+    /// to every other proc, each with a [`MeshChange`](crate::protocol::MeshChange)).
     pub restart_sent: (u64, u64),
     /// The bytes the same restart took when every command carried the
     /// whole [`MeshInfo`] (as before changes): the baseline.
