@@ -5,7 +5,11 @@
 //!   member of a remote proc, against a 64-byte TCP echo from the
 //!   controller to that member (a tokio TCP server on the member's
 //!   runtime, `TCP_NODELAY`), in alternating blocks (`tcp_echo_p50`,
-//!   `tcp_echo_p99`).
+//!   `tcp_echo_p99`); and `call_rtt_vs_control_p50` / `_p99`, the same
+//!   calls against the control plane's own round trip between two
+//!   processes of this binary (`control_rtt_p50`, a 64-byte request and
+//!   reply between two actors over QUIC, what `net.rtt_p50` measures): the
+//!   share of a call that is the transport's.
 //! - `pipelined_calls`: calls per second with [`IN_FLIGHT`] calls in flight
 //!   to that member, against the control plane's one-way message rate
 //!   between two processes of this binary (`control_one_way`, what
@@ -55,35 +59,43 @@ pub(crate) async fn run(
     };
     let mut tcp = TcpStream::connect(("127.0.0.1", port)).await?;
     tcp.set_nodelay(true)?;
-    // Warm both paths up.
-    let (mut calls, mut echoes) = (Vec::new(), Vec::new());
+    let mut control = ControlPeer::start().await?;
+    // Warm the three paths up.
+    let (mut calls, mut echoes, mut controls) = (Vec::new(), Vec::new(), Vec::new());
     call_round_trips(&mesh, member, per_block, &mut Vec::new()).await?;
     tcp_round_trips(&mut tcp, per_block, &mut Vec::new()).await?;
+    control.round_trips(per_block, &mut Vec::new()).await?;
     for _ in 0..blocks {
         call_round_trips(&mesh, member, per_block, &mut calls).await?;
         tcp_round_trips(&mut tcp, per_block, &mut echoes).await?;
+        control.round_trips(per_block, &mut controls).await?;
     }
     calls.sort_unstable();
     echoes.sort_unstable();
+    controls.sort_unstable();
     for p in [50.0, 99.0] {
+        let call = micros(percentile(&calls, p));
         report.push(
-            Figure::new(
-                SUITE,
-                &format!("call_rtt_p{p}"),
-                micros(percentile(&calls, p)),
-                "us",
-            )
-            .samples(calls.len())
-            .against(
-                &format!("tcp_echo_p{p}"),
-                micros(percentile(&echoes, p)),
-                "us",
-            ),
+            Figure::new(SUITE, &format!("call_rtt_p{p}"), call, "us")
+                .samples(calls.len())
+                .against(
+                    &format!("tcp_echo_p{p}"),
+                    micros(percentile(&echoes, p)),
+                    "us",
+                ),
+        );
+        report.push(
+            Figure::new(SUITE, &format!("call_rtt_vs_control_p{p}"), call, "us")
+                .samples(calls.len())
+                .against(
+                    &format!("control_rtt_p{p}"),
+                    micros(percentile(&controls, p)),
+                    "us",
+                ),
         );
     }
 
     // Rates, interleaved with their baseline over rounds.
-    let mut control = ControlPeer::start().await?;
     control.one_way(casts / 10).await?;
     let (mut piped, mut cast_rates, mut one_way) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {

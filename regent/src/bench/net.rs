@@ -265,6 +265,8 @@ pub(crate) struct ControlPeer {
     /// The sender of [`ControlPeer::one_way`] and its `Done` inbox.
     pump: regent_net::ActorId,
     done: Inbox,
+    /// The replies of [`ControlPeer::round_trips`].
+    echoes: Inbox,
 }
 
 impl ControlPeer {
@@ -300,6 +302,7 @@ impl ControlPeer {
         endpoint.add_route(server_addr);
         let pump = pid(CLIENT)?.actor("one-way", 0)?;
         let done = endpoint.open_port(pump.port(0))?;
+        let echoes = endpoint.open_port(pid(CLIENT)?.actor("echo-client", 0)?.port(0))?;
         Ok(Self {
             _peer: peer,
             endpoint,
@@ -307,6 +310,7 @@ impl ControlPeer {
             tcp_addr,
             pump,
             done,
+            echoes,
         })
     }
 
@@ -314,6 +318,18 @@ impl ControlPeer {
     /// actor to one of the peer's, until the peer has them all.
     pub(crate) async fn one_way(&mut self, n: usize) -> anyhow::Result<f64> {
         quic_one_way(&self.endpoint, &self.pump, &mut self.done, &self.server, n).await
+    }
+
+    /// `n` round trips of a 64-byte request and response between an actor
+    /// of this endpoint and the peer's echo actor (what `rtt_p50` times),
+    /// each pushed to `samples`.
+    pub(crate) async fn round_trips(
+        &mut self,
+        n: usize,
+        samples: &mut Vec<Duration>,
+    ) -> anyhow::Result<()> {
+        let echo = self.server.actor("echo", 0)?.port(0);
+        quic_round_trips(&self.endpoint, &mut self.echoes, &echo, n, samples).await
     }
 }
 

@@ -231,7 +231,9 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         .call_within(
             &Selection::All,
             &BenchOp::Spin(busy_secs * 1000),
-            Duration::from_secs(busy_secs + 30),
+            // A tree node gives its children 0.8 of its budget: twice the
+            // spin leaves every level room to answer.
+            Duration::from_secs(2 * busy_secs + 30),
         )
         .await?
         .into_result()?;
