@@ -9,9 +9,9 @@
 //!   fails (a peer died, paused, was cut off) is an answer, not a failure of
 //!   this member: nothing is pending then. The collectives run on a
 //!   communicator of the current generation and `epoch` (a channel of its
-//!   own: the controller moves to a new epoch after a failed step, so a
-//!   message of an abandoned communicator finds its port closed instead of
-//!   confusing the next one). `poison` names a rank that puts a NaN into
+//!   own, [`collective_tag`]: the controller moves to a new epoch after a
+//!   failed step, so a message of an abandoned communicator finds its port
+//!   closed instead of confusing the next one). `poison` names a rank that puts a NaN into
 //!   its gradient before the all-reduce (fault injection).
 //! - `Commit { step }` applies the pending mean (one optimizer step); the
 //!   controller sends it only when every rank computed a finite step, so
@@ -37,11 +37,26 @@ use super::spec::{AnyReplica, JobSpec};
 use super::store;
 use regent_tensor::transport::mesh::MeshTransport;
 
-/// The data channels the job's collectives use: `COLLECTIVE_TAG_BASE +
-/// epoch % COLLECTIVE_TAGS` (module docs).
+/// The data channels the job's collectives use: [`collective_tag`].
 const COLLECTIVE_TAG_BASE: u16 = 1;
-/// How many channel tags the epochs cycle through.
-const COLLECTIVE_TAGS: u32 = 4096;
+/// How many channel tags the communicators cycle through.
+const COLLECTIVE_TAGS: u64 = 4096;
+
+/// The data channel of the communicator of `generation` and `epoch`:
+/// `COLLECTIVE_TAG_BASE + (generation + epoch) % COLLECTIVE_TAGS`. Every
+/// member of a generation computes the same tag for an epoch; and since
+/// neither number goes back and a new communicator is opened only when one
+/// of them grew, each new communicator of a member gets another tag than
+/// the one it replaces, whose port may not have closed yet (it closes when
+/// that transport's tasks end, at the runtime's next turn). A tag of the
+/// epoch alone clashed so when a warm spare made the restart faster than a
+/// failed step's answer: the survivors, moved to a new generation in the
+/// same epoch, found the old port still open.
+fn collective_tag(generation: regent_net::Generation, epoch: u32) -> u16 {
+    let r = generation.0.wrapping_add(u64::from(epoch)) % COLLECTIVE_TAGS;
+    // Invariant: the remainder is below 4096, and 1 + 4095 fits a u16.
+    COLLECTIVE_TAG_BASE + u16::try_from(r).expect("a remainder below 4096")
+}
 
 /// Whether every value is finite: in blocks, each folded without a branch
 /// (so that it vectorizes), stopping at the first block with a NaN or an
@@ -210,9 +225,7 @@ impl Trainer {
             // opens.
             *comm = None;
             let group: Vec<Rank> = (0..world as u32).map(Rank).collect();
-            // Invariant: the remainder is below 4096, and 1 + 4095 fits a u16.
-            let tag = COLLECTIVE_TAG_BASE
-                + u16::try_from(epoch % COLLECTIVE_TAGS).expect("a remainder below 4096");
+            let tag = collective_tag(generation, epoch);
             let transport = MeshTransport::new(member, group, tag).map_err(|e| e.to_string())?;
             let config = CollectiveConfig::default()
                 .timeout(std::time::Duration::from_millis(args.collective_timeout_ms));
@@ -441,7 +454,40 @@ regent_mesh::register_actor!(Trainer);
 
 #[cfg(test)]
 mod tests {
-    use super::all_finite;
+    use super::{all_finite, collective_tag};
+    use regent_net::Generation;
+
+    /// A member's communicators follow (generation, epoch) pairs where
+    /// neither goes back and one grows at each new communicator: each new
+    /// one must be on another tag than the one before.
+    #[test]
+    fn a_new_communicator_never_takes_the_tag_of_the_one_it_replaces() {
+        // The clash that was: a restart moves the generation, the epoch
+        // stays.
+        assert_ne!(
+            collective_tag(Generation(1), 1),
+            collective_tag(Generation(2), 1)
+        );
+        let (mut g, mut e) = (0u64, 0u32);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            let before = collective_tag(Generation(g), e);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            match x % 3 {
+                0 => g += 1 + x % 3,
+                1 => e = e.wrapping_add(1),
+                _ => {
+                    g += 1;
+                    e = e.wrapping_add(1);
+                }
+            }
+            let after = collective_tag(Generation(g), e);
+            assert_ne!(before, after, "generation {g}, epoch {e}");
+            assert!((1..=4096).contains(&after));
+        }
+    }
 
     #[test]
     fn all_finite_finds_a_nan_or_an_infinity_anywhere() {
