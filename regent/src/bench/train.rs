@@ -427,6 +427,7 @@ async fn time_heals(mesh: &ActorMesh<Trainer>, samples: usize) -> anyhow::Result
                 &TrainerMsg::Compute {
                     step,
                     epoch: 0,
+                    generation: mesh.generation(),
                     poison: None,
                 },
             )

@@ -769,6 +769,7 @@ async fn steps(
                     &TrainerMsg::Compute {
                         step,
                         epoch,
+                        generation: g,
                         poison,
                     },
                     config.step_timeout,

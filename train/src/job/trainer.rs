@@ -93,6 +93,12 @@ pub enum TrainerMsg {
         /// The controller's epoch: the communicator (and its channel) to
         /// use.
         epoch: u32,
+        /// The mesh's generation as the controller sent the step: a member
+        /// that has moved on (a restart overtook the step) answers at once
+        /// that the step is broken, rather than wait out the collective's
+        /// timeout on a communicator of the new generation that its peers,
+        /// still on the old one, never join.
+        generation: regent_net::Generation,
         /// The rank that puts a NaN into its gradient before the
         /// all-reduce (fault injection), if any.
         poison: Option<u32>,
@@ -205,18 +211,26 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// The communicator of the current generation and `epoch` in `comm`:
-    /// the one in use, or a new one on the epoch's channel. (A function of
-    /// the field, so that the caller can hand it the gradient buffer, another
+    /// The communicator of `generation` (the step's) and `epoch` in
+    /// `comm`: the one in use, or a new one on their channel; refused when
+    /// the member has moved to another generation. (A function of the
+    /// field, so that the caller can hand it the gradient buffer, another
     /// field, at the same time.)
     async fn communicator<'c>(
         comm: &'c mut Option<(regent_net::Generation, u32, Communicator<MeshTransport>)>,
         member: &Member,
+        generation: regent_net::Generation,
         epoch: u32,
         args: &TrainerArgs,
         world: usize,
     ) -> Result<&'c mut Communicator<MeshTransport>, String> {
-        let generation = member.generation();
+        let now = member.generation();
+        if now != generation {
+            return Err(format!(
+                "the mesh moved from generation {} to {} before the step's collective",
+                generation.0, now.0
+            ));
+        }
         if comm
             .as_ref()
             .is_none_or(|(g, e, c)| *g != generation || *e != epoch || c.broken().is_some())
@@ -242,6 +256,7 @@ impl Trainer {
         member: &Member,
         step: u64,
         epoch: u32,
+        generation: regent_net::Generation,
         poison: Option<u32>,
     ) -> Result<TrainerReply, ActorError> {
         self.pending = None;
@@ -273,14 +288,22 @@ impl Trainer {
         // `crate::reduce::mean_in_rank_order` (the reference) computes it,
         // and each member divides only the chunk it reduced, while it is
         // in cache.
-        let reduced =
-            match Self::communicator(&mut self.comm, member, epoch, &self.args, self.world).await {
-                Ok(comm) => comm
-                    .all_reduce(&mut self.grads, ReduceOp::Mean)
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e),
-            };
+        let reduced = match Self::communicator(
+            &mut self.comm,
+            member,
+            generation,
+            epoch,
+            &self.args,
+            self.world,
+        )
+        .await
+        {
+            Ok(comm) => comm
+                .all_reduce(&mut self.grads, ReduceOp::Mean)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
         if let Err(e) = reduced {
             self.comm = None;
             if let Some(why) = self.grads.poisoned() {
@@ -374,8 +397,12 @@ impl MeshActor for Trainer {
             TrainerMsg::Compute {
                 step,
                 epoch,
+                generation,
                 poison,
-            } => self.compute(member, step, epoch, poison).await?,
+            } => {
+                self.compute(member, step, epoch, generation, poison)
+                    .await?
+            }
             TrainerMsg::Skip { step } => {
                 if self.replica.step() == step {
                     self.pending = None;
