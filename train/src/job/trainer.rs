@@ -9,7 +9,7 @@
 //!   fails (a peer died, paused, was cut off) is an answer, not a failure of
 //!   this member: nothing is pending then. The collectives run on a
 //!   communicator of the current generation and `epoch` (a channel of its
-//!   own, [`collective_tag`]: the controller moves to a new epoch after a
+//!   own, `collective_tag`: the controller moves to a new epoch after a
 //!   failed step, so a message of an abandoned communicator finds its port
 //!   closed instead of confusing the next one). `poison` names a rank that puts a NaN into
 //!   its gradient before the all-reduce (fault injection).
@@ -37,7 +37,7 @@ use super::spec::{AnyReplica, JobSpec};
 use super::store;
 use regent_tensor::transport::mesh::MeshTransport;
 
-/// The data channels the job's collectives use: [`collective_tag`].
+/// The data channels the job's collectives use: see [`collective_tag`].
 const COLLECTIVE_TAG_BASE: u16 = 1;
 /// How many channel tags the communicators cycle through.
 const COLLECTIVE_TAGS: u64 = 4096;
