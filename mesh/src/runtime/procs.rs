@@ -169,34 +169,39 @@ impl ProcSlots {
         };
         let slots = self.clone();
         tokio::spawn(async move {
-            let started = slots
-                .rt
-                .allocate(&slots.allocator, vec![Placement::default(); missing])
-                .await;
-            let late = {
-                let mut spares = slots.spares.lock().expect("spares lock");
-                spares.starting -= missing;
-                match started {
-                    Ok(procs) if spares.stopped => procs,
-                    Ok(procs) => {
-                        for p in &procs {
-                            slots.rt.warm_up(&p.proc);
-                        }
-                        spares.ready.extend(procs);
-                        Vec::new()
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "starting warm spares failed");
-                        Vec::new()
-                    }
-                }
-            };
-            // Started after the proc mesh stopped: stopped too.
-            for p in late {
-                slots.rt.release(&p.proc);
-                let _ = slots.allocator.stop(&p.proc, Duration::ZERO).await;
+            if let Err(e) = slots.start_spares(missing).await {
+                tracing::warn!(error = %e, "starting warm spares failed");
             }
         });
+    }
+
+    /// Starts `missing` spares, already counted in `starting`, and makes
+    /// them ready (leased and connected); those that come up after the proc
+    /// mesh stopped are stopped too.
+    async fn start_spares(&self, missing: usize) -> Result<(), MeshError> {
+        let started = self
+            .rt
+            .allocate(&self.allocator, vec![Placement::default(); missing])
+            .await;
+        let late = {
+            let mut spares = self.spares.lock().expect("spares lock");
+            spares.starting -= missing;
+            let procs = started?;
+            if spares.stopped {
+                procs
+            } else {
+                for p in &procs {
+                    self.rt.warm_up(&p.proc);
+                }
+                spares.ready.extend(procs);
+                Vec::new()
+            }
+        };
+        for p in late {
+            self.rt.release(&p.proc);
+            let _ = self.allocator.stop(&p.proc, Duration::ZERO).await;
+        }
+        Ok(())
     }
 
     /// Replaces spares that die while they wait (killed, their host lost),
@@ -213,16 +218,8 @@ impl ProcSlots {
                 let changed = lost.changed();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
-                let dead = slots
-                    .spares
-                    .lock()
-                    .expect("spares lock")
-                    .ready
-                    .iter()
-                    .any(|p| slots.rt.is_lost(&p.proc));
-                if dead {
-                    slots.refill_spares();
-                }
+                // Drops the dead spares, if any, and starts what is missing.
+                slots.refill_spares();
                 let _ = tokio::time::timeout(SPARES_WATCH, changed).await;
             }
         });
@@ -322,28 +319,15 @@ impl ProcMesh {
                     spares.target = n;
                     let watch = n > 0 && !spares.watched;
                     spares.watched |= watch;
-                    (
-                        n.saturating_sub(spares.ready.len() + spares.starting),
-                        watch,
-                    )
+                    let missing = n.saturating_sub(spares.ready.len() + spares.starting);
+                    spares.starting += missing;
+                    (missing, watch)
                 };
                 if watch {
                     slots.watch_spares();
                 }
                 if missing > 0 {
-                    let procs = slots
-                        .rt
-                        .allocate(&slots.allocator, vec![Placement::default(); missing])
-                        .await?;
-                    for p in &procs {
-                        slots.rt.warm_up(&p.proc);
-                    }
-                    slots
-                        .spares
-                        .lock()
-                        .expect("spares lock")
-                        .ready
-                        .extend(procs);
+                    slots.start_spares(missing).await?;
                 }
                 Ok(())
             })

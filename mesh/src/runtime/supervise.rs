@@ -384,11 +384,7 @@ impl Supervisor {
                     self.record(|r| r.restarting(&ranks.iter().map(|r| r.0).collect::<Vec<_>>()));
                     // The meshes the failed members owned go with them.
                     self.rt.stop_owned(self.shared.id, Some(&ranks)).await;
-                    // (A zero sleep still waits for the timer's next
-                    // tick, up to a millisecond: none without backoff.)
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
+                    back_off(delay).await;
                     let restart = Restart {
                         generation,
                         ranks: ranks.iter().map(|r| r.0).collect(),
@@ -412,11 +408,7 @@ impl Supervisor {
                     self.record(|r| r.restarting(&all));
                     self.rt.stop_owned(self.shared.id, None).await;
                     self.stop_members().await;
-                    // (A zero sleep still waits for the timer's next
-                    // tick, up to a millisecond: none without backoff.)
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
+                    back_off(delay).await;
                     let all: Vec<Rank> = (0..self.shared.info().members()).map(Rank).collect();
                     let restart = Restart {
                         generation,
@@ -960,6 +952,14 @@ impl Supervisor {
 }
 
 use crate::policy::Decision;
+
+/// Waits out a restart's backoff; none without one (a zero sleep still
+/// waits for the timer's next tick, up to a millisecond).
+async fn back_off(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+}
 
 #[cfg(test)]
 mod views_tests {
