@@ -79,8 +79,8 @@ pub(crate) struct TrainOptions {
     pub(crate) nan_at: Vec<u64>,
     /// Warm spare procs to keep: a killed or hung rank restarts in a
     /// waiting process (an idle proc each) instead of a newly started one.
-    #[arg(long, default_value_t = 0)]
-    pub(crate) spares: usize,
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
+    pub(crate) spares: u16,
     /// libtorch intra-op threads per proc (the same in every proc and
     /// the reference, for bit-identical results).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=256))]
@@ -286,7 +286,7 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
     };
     config.nan_at = opts.nan_at.clone();
     config.threads = opts.threads;
-    config.spares = opts.spares;
+    config.spares = usize::from(opts.spares);
     // Faults stop a few steps before the end, so the run ends.
     let until = opts.steps.saturating_sub(opts.steps / 10);
     config.faults = opts
