@@ -76,7 +76,9 @@ pub use member::{
 pub use policy::{Decision, FailureCause, MeshFailure, MeshPolicy, MeshStatus};
 pub use protocol::StartKind;
 pub use reducer::{Max, Min, Reducer, Sum};
-pub use runtime::{FailureHook, ProcMesh, Runtime, RuntimeConfig, SpawnOptions, SuperviseHook};
+pub use runtime::{
+    FailureHook, MAX_SPARES, ProcMesh, Runtime, RuntimeConfig, SpawnOptions, SuperviseHook,
+};
 pub use runtime::{
     FailureRecord, MeshSnapshot, MetricsRegistry, RankSnapshot, RuntimeEvent, RuntimeSnapshot,
 };

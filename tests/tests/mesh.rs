@@ -15,7 +15,7 @@ use regent_mesh::alloc::LocalAllocator;
 use regent_mesh::alloc::{Allocator, ProcSignal};
 use regent_mesh::logs::{LogConfig, LogMode, LogRecord, LogStream};
 use regent_mesh::{
-    ActorMesh, Decision, FailureCause, MeshPolicy, MeshStatus, ProcMesh, Rank, Runtime,
+    ActorMesh, Decision, FailureCause, MeshError, MeshPolicy, MeshStatus, ProcMesh, Rank, Runtime,
     RuntimeConfig, Selection, Shape, SpawnOptions,
 };
 use regent_net::EndpointConfig;
@@ -655,10 +655,17 @@ async fn spares_ready(pm: &ProcMesh, n: usize) -> Vec<regent_mesh::alloc::Alloca
 /// dropped and replaced in the background; a member's proc killed under
 /// restart-member is replaced by a waiting spare (the member's new life
 /// runs in that spare's process), and another spare is started in its
-/// place; stopping the proc mesh stops its spares too.
+/// place; stopping the proc mesh stops its spares too. More than
+/// `MAX_SPARES` is refused and starts none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_proc_is_replaced_by_a_warm_spare_and_the_spare_refilled() {
     let c = Cluster::start(2).await;
+    let refused = c.procs.keep_spares(regent_mesh::MAX_SPARES + 1).await;
+    assert!(
+        matches!(refused, Err(MeshError::Unavailable(_))),
+        "{refused:?}"
+    );
+    assert!(c.procs.spares().is_empty(), "{:?}", c.procs.spares());
     c.procs.keep_spares(2).await.unwrap();
     let first = spares_ready(&c.procs, 2).await;
     c.guard.watch(first.iter().map(|p| p.pid));

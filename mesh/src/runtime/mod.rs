@@ -51,7 +51,7 @@ pub use observe::{
     FailureRecord, MAX_EVENTS, MAX_LAST_FAILURES, MeshSnapshot, RankSnapshot, RuntimeEvent,
     RuntimeSnapshot, cause_kind,
 };
-pub use procs::{MEMBER_DIM, ProcMesh};
+pub use procs::{MAX_SPARES, MEMBER_DIM, ProcMesh};
 /// The metrics registry a runtime owns (see [`Runtime::with_registry`]).
 pub use prometheus_client::registry::Registry as MetricsRegistry;
 

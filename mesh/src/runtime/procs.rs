@@ -33,6 +33,11 @@ use crate::shape::Shape;
 /// for the members of each proc.
 pub const MEMBER_DIM: &str = "actors";
 
+/// The most warm spares a proc mesh keeps ([`ProcMesh::keep_spares`]):
+/// each is an idle process, and a count past this would ask the allocator
+/// for that many at once.
+pub const MAX_SPARES: usize = 256;
+
 /// Replaced procs a proc mesh remembers (for [`ProcMesh::all_procs`]).
 const MAX_REPLACED: usize = 1024;
 
@@ -309,8 +314,14 @@ impl ProcMesh {
     /// again after a command round trip instead of a proc's start. Each
     /// spare costs an idle process (its memory, a QUIC connection with
     /// heartbeats, its lease renewals). Returns once the spares are up;
-    /// `n` below the count kept stops none until they are taken.
+    /// `n` below the count kept stops none until they are taken. More than
+    /// [`MAX_SPARES`] is refused, before anything starts.
     pub async fn keep_spares(&self, n: usize) -> Result<(), MeshError> {
+        if n > MAX_SPARES {
+            return Err(MeshError::Unavailable(format!(
+                "a proc mesh keeps at most {MAX_SPARES} warm spares, not {n}"
+            )));
+        }
         let slots = self.slots.clone();
         self.rt
             .on_control(async move {

@@ -184,6 +184,7 @@ pub struct JobConfig {
     pub nan_at: Vec<u64>,
     /// Warm spare procs kept for replacements (`ProcMesh::keep_spares`):
     /// a killed rank restarts in a waiting process instead of a new one.
+    /// At most [`regent_mesh::MAX_SPARES`].
     pub spares: usize,
 }
 
@@ -527,6 +528,13 @@ pub async fn run_job(
         return Err(Error::Config(format!(
             "{} steps to poison: at most {MAX_NAN_AT}",
             config.nan_at.len()
+        )));
+    }
+    if config.spares > regent_mesh::MAX_SPARES {
+        return Err(Error::Config(format!(
+            "{} warm spares: at most {}",
+            config.spares,
+            regent_mesh::MAX_SPARES
         )));
     }
     let _lock = lock_run_dir(&config.run_dir)?;
