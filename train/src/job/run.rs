@@ -330,15 +330,18 @@ impl Report {
     }
 }
 
-/// Percentile `p` (0..=100) of `samples`, nearest-rank.
+/// Percentile `p` (0..=100) of `samples`, nearest-rank: the smallest
+/// sample with at least `p`% of the samples at or below it (of an even
+/// count, the median is the lower of the middle two), as `regent bench`
+/// computes it.
 pub fn percentile(samples: &[Duration], p: f64) -> Option<Duration> {
     if samples.is_empty() {
         return None;
     }
     let mut s = samples.to_vec();
     s.sort();
-    let i = ((p / 100.0) * (s.len() as f64 - 1.0)).round() as usize;
-    Some(s[i.min(s.len() - 1)])
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    Some(s[rank.clamp(1, s.len()) - 1])
 }
 
 impl std::fmt::Display for Report {
@@ -1239,4 +1242,29 @@ pub fn reference_with_skips(
         }
     }
     replica.state()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&m| Duration::from_millis(m))
+                .collect::<Vec<_>>()
+        };
+        let at = |v: &[u64], p| percentile(&ms(v), p).map(|d| d.as_millis());
+        assert_eq!(at(&[], 50.0), None);
+        assert_eq!(at(&[7], 50.0), Some(7));
+        assert_eq!(at(&[7], 99.0), Some(7));
+        // Unsorted input; the median of an even count is the lower middle.
+        assert_eq!(at(&[1034, 15], 50.0), Some(15));
+        assert_eq!(at(&[40, 10, 30, 20], 50.0), Some(20));
+        assert_eq!(at(&[40, 10, 30, 20], 75.0), Some(30));
+        assert_eq!(at(&[40, 10, 30, 20], 99.0), Some(40));
+        assert_eq!(at(&[40, 10, 30, 20], 0.0), Some(10));
+        assert_eq!(at(&[5, 1, 4, 2, 3], 50.0), Some(3));
+    }
 }
