@@ -7,6 +7,11 @@
 //! - `rtt_p50`, `rtt_p99`: round trip of a 64-byte request and response
 //!   between two actors (typed send, remote inbox, typed reply), against a
 //!   64-byte TCP echo (`TCP_NODELAY`).
+//! - `quinn_echo_p50`, `quinn_echo_p99`: the transport alone, a 64-byte
+//!   echo on one bidirectional stream of a bare quinn connection between
+//!   the same processes (the same mutual TLS, quinn's default transport),
+//!   against the TCP echo; and `rtt_vs_quinn_p50/p99`, the actors' round
+//!   trip against it: what the control plane adds over its transport.
 //! - `one_way`: messages per second of 64-byte messages pipelined from one
 //!   actor to another (until the receiver has them all), against 64-byte
 //!   records pipelined over one TCP connection.
@@ -120,11 +125,15 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     let mut hol_rtt = Vec::new();
     let mut tcp_rates = Vec::new();
     let mut quic_rates = Vec::new();
+    let mut quinn_rtt = Vec::new();
     let mut tcp = tcp_echo(tcp_addr).await?;
+    let mut bare = peer.quinn_echo().await?;
     tcp_round_trips(&mut tcp, warmup, &mut Vec::new()).await?;
+    bare.round_trips(warmup, &mut Vec::new()).await?;
     quic_round_trips(endpoint, &mut replies, &echo, warmup, &mut Vec::new()).await?;
     for _ in 0..RTT_BLOCKS {
         tcp_round_trips(&mut tcp, rtt_n / RTT_BLOCKS, &mut tcp_rtt).await?;
+        bare.round_trips(rtt_n / RTT_BLOCKS, &mut quinn_rtt).await?;
         quic_round_trips(
             endpoint,
             &mut replies,
@@ -176,8 +185,10 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         tcp_round_trips(&mut tcp, hol_block, &mut tcp_busy_rtt).await?;
         bulk.abort();
     }
+    drop(bare);
     for v in [
         &mut tcp_rtt,
+        &mut quinn_rtt,
         &mut quic_rtt,
         &mut hol_rtt,
         &mut unloaded_rtt,
@@ -204,6 +215,25 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
             "us",
         ),
     );
+    for p in [50.0, 99.0] {
+        let quinn = micros(percentile(&quinn_rtt, p));
+        report.push(
+            Figure::new(SUITE, &format!("quinn_echo_p{p}"), quinn, "us").against(
+                &format!("tcp_echo_p{p}"),
+                micros(percentile(&tcp_rtt, p)),
+                "us",
+            ),
+        );
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("rtt_vs_quinn_p{p}"),
+                micros(percentile(&quic_rtt, p)),
+                "us",
+            )
+            .against(&format!("quinn_echo_p{p}"), quinn, "us"),
+        );
+    }
     report.push(
         Figure::new(SUITE, "one_way", median_rate(&quic_rates), "msg/s").against(
             "tcp_one_way",
@@ -262,6 +292,9 @@ pub(crate) struct ControlPeer {
     endpoint: Endpoint,
     server: ProcId,
     tcp_addr: std::net::SocketAddr,
+    /// The peer's bare quinn echo ([`ControlPeer::quinn_echo`]).
+    quinn_addr: std::net::SocketAddr,
+    client_creds: ProcCredentials,
     /// The sender of [`ControlPeer::one_way`] and its `Done` inbox.
     pump: regent_net::ActorId,
     done: Inbox,
@@ -289,13 +322,14 @@ impl ControlPeer {
         })
         .await?;
         let words: Vec<&str> = ready.split_whitespace().collect();
-        let ["READY", quic, tcp] = words.as_slice() else {
+        let ["READY", quic, tcp, bare] = words.as_slice() else {
             bail!("unexpected peer line {ready:?}");
         };
         let server_addr: regent_net::ProcAddr = quic.parse()?;
         let tcp_addr: std::net::SocketAddr = tcp.parse()?;
+        let quinn_addr: std::net::SocketAddr = bare.parse()?;
         let endpoint = Endpoint::bind(
-            client_creds,
+            client_creds.clone(),
             "127.0.0.1:0".parse()?,
             EndpointConfig::default(),
         )?;
@@ -308,6 +342,8 @@ impl ControlPeer {
             endpoint,
             server: pid(SERVER)?,
             tcp_addr,
+            quinn_addr,
+            client_creds,
             pump,
             done,
             echoes,
@@ -330,6 +366,77 @@ impl ControlPeer {
     ) -> anyhow::Result<()> {
         let echo = self.server.actor("echo", 0)?.port(0);
         quic_round_trips(&self.endpoint, &mut self.echoes, &echo, n, samples).await
+    }
+}
+
+impl ControlPeer {
+    /// A bare quinn connection to the peer's echo (this side's own quinn
+    /// endpoint, the cluster's mutual TLS) with one bidirectional stream.
+    async fn quinn_echo(&self) -> anyhow::Result<QuinnEcho> {
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+        endpoint.set_default_client_config(self.client_creds.quic_client_config()?);
+        let conn = tokio::time::timeout(
+            DEADLINE,
+            endpoint.connect(self.quinn_addr, self.server.as_str())?,
+        )
+        .await
+        .context("quinn echo handshake timed out")??;
+        let (send, recv) = conn.open_bi().await?;
+        Ok(QuinnEcho {
+            endpoint,
+            _conn: conn,
+            send,
+            recv,
+        })
+    }
+}
+
+/// This side of the bare quinn echo.
+struct QuinnEcho {
+    endpoint: quinn::Endpoint,
+    _conn: quinn::Connection,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+}
+
+impl QuinnEcho {
+    /// `n` round trips of 64 bytes, each pushed to `samples`.
+    async fn round_trips(&mut self, n: usize, samples: &mut Vec<Duration>) -> anyhow::Result<()> {
+        let request = [7u8; PAYLOAD_BYTES];
+        let mut response = [0u8; PAYLOAD_BYTES];
+        for _ in 0..n {
+            let start = Instant::now();
+            self.send.write_all(&request).await?;
+            self.recv.read_exact(&mut response).await?;
+            samples.push(start.elapsed());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for QuinnEcho {
+    fn drop(&mut self) {
+        self.endpoint.close(0u32.into(), b"done");
+    }
+}
+
+/// The peer's side of the bare quinn echo: each bidirectional stream's
+/// bytes are written back as they come.
+async fn serve_quinn_echo(endpoint: quinn::Endpoint) {
+    while let Some(incoming) = endpoint.accept().await {
+        tokio::spawn(async move {
+            let Ok(conn) = incoming.await else { return };
+            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(Some(n)) = recv.read(&mut buf).await {
+                        if send.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
     }
 }
 
@@ -497,6 +604,9 @@ async fn quic_one_way(
 pub(crate) async fn serve_peer(dir: &Path) -> anyhow::Result<()> {
     let server = pid(SERVER)?;
     let creds = ProcCredentials::load(dir, server.clone())?;
+    let bare = quinn::Endpoint::server(creds.quic_server_config()?, "127.0.0.1:0".parse()?)?;
+    let bare_addr = bare.local_addr()?;
+    tokio::spawn(serve_quinn_echo(bare));
     let endpoint = Endpoint::bind(creds, "127.0.0.1:0".parse()?, EndpointConfig::default())?;
     let tcp = TcpListener::bind("127.0.0.1:0").await?;
     let tcp_addr = tcp.local_addr()?;
@@ -566,7 +676,7 @@ pub(crate) async fn serve_peer(dir: &Path) -> anyhow::Result<()> {
             tokio::spawn(serve_tcp(stream));
         }
     });
-    println!("READY {} {tcp_addr}", endpoint.addr());
+    println!("READY {} {tcp_addr} {bare_addr}", endpoint.addr());
     // Exit when the parent closes our input (or dies): a thread blocks on
     // standard input and says when it ends.
     let (eof_tx, eof_rx) = tokio::sync::oneshot::channel::<()>();
