@@ -667,7 +667,8 @@ async fn drive(
             }
         })
     };
-    let committed_now = Arc::new(std::sync::atomic::AtomicU64::new(committed));
+    // The committed step count, watched by the fault injector.
+    let committed_now = tokio::sync::watch::Sender::new(committed);
     let injector = config.faults.clone().map(|plan| {
         if plan.kinds.contains(&FaultKind::Partition) && cluster.isolate.is_none() {
             tracing::warn!("this cluster cannot cut procs off: partitions are left out");
@@ -678,7 +679,7 @@ async fn drive(
             cluster.isolate.clone(),
             mesh.clone(),
             log.clone(),
-            committed_now.clone(),
+            committed_now.subscribe(),
         ))
     });
     let result = steps(
@@ -733,9 +734,8 @@ async fn steps(
     report: &mut Report,
     events: &mut impl FnMut(JobEvent),
     committed: &mut u64,
-    committed_now: &std::sync::atomic::AtomicU64,
+    committed_now: &tokio::sync::watch::Sender<u64>,
 ) -> Result<(), Error> {
-    use std::sync::atomic::Ordering::Relaxed;
     let all = Selection::All;
     let mut failures_seen = 0;
     let mut best = *committed;
@@ -821,7 +821,7 @@ async fn steps(
                         }
                         let delivered = mesh.cast(&all, &TrainerMsg::Skip { step }).await?;
                         *committed += 1;
-                        committed_now.store(*committed, Relaxed);
+                        committed_now.send_replace(*committed);
                         report.skipped.push(step);
                         if *committed > best {
                             best = *committed;
@@ -830,7 +830,7 @@ async fn steps(
                             *committed =
                                 recover(config, mesh, procs, g, *committed, report, events).await?;
                             epoch = epoch.wrapping_add(1);
-                            committed_now.store(*committed, Relaxed);
+                            committed_now.send_replace(*committed);
                             continue;
                         }
                         if config.checkpoint_every > 0
@@ -853,7 +853,7 @@ async fn steps(
                         report.replayed += step.saturating_sub(restored);
                         nan_restored = Some((step, restored));
                         *committed = restored;
-                        committed_now.store(*committed, Relaxed);
+                        committed_now.send_replace(*committed);
                         events(JobEvent::Recovered {
                             step: restored,
                             how: format!(
@@ -875,7 +875,7 @@ async fn steps(
                 if nan_restored.is_some_and(|(s, _)| s < *committed) {
                     nan_restored = None;
                 }
-                committed_now.store(*committed, Relaxed);
+                committed_now.send_replace(*committed);
                 let time = t.elapsed();
                 if *committed > best {
                     report.useful += time;
@@ -933,7 +933,7 @@ async fn steps(
                 *committed = recover(config, mesh, procs, g, *committed, report, events).await?;
                 // Whoever computed has dropped its communicator.
                 epoch = epoch.wrapping_add(1);
-                committed_now.store(*committed, Relaxed);
+                committed_now.send_replace(*committed);
                 continue;
             }
         }
@@ -962,7 +962,7 @@ async fn steps(
                         // Restored from a checkpoint: its step needs none.
                         checkpoint_due = false;
                     }
-                    committed_now.store(*committed, Relaxed);
+                    committed_now.send_replace(*committed);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -1144,7 +1144,7 @@ async fn inject(
     isolate: Option<Isolate>,
     mesh: ActorMesh<Trainer>,
     log: Arc<Mutex<Log>>,
-    committed: Arc<std::sync::atomic::AtomicU64>,
+    mut committed: tokio::sync::watch::Receiver<u64>,
 ) {
     let mut rng = plan.seed | 1;
     let mut next = || {
@@ -1155,21 +1155,21 @@ async fn inject(
         rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
     };
     let mut i = 0usize;
-    let committed_now = || committed.load(std::sync::atomic::Ordering::Relaxed);
     let mut next_step = 0u64;
     loop {
         match plan.every {
             FaultSpacing::Time(every) => tokio::time::sleep(every).await,
             FaultSpacing::Steps(every) => {
                 next_step = next_step.saturating_add(every.max(1));
-                // Commits come every few milliseconds at most: a poll this
-                // often lands the fault within a step or two of its mark.
-                while committed_now() < next_step.min(plan.until_step) {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+                // Woken at the commit that reaches the mark (the job's end
+                // drops the sender: no more faults).
+                let mark = next_step.min(plan.until_step);
+                if committed.wait_for(|&c| c >= mark).await.is_err() {
+                    return;
                 }
             }
         }
-        if committed_now() >= plan.until_step {
+        if *committed.borrow() >= plan.until_step {
             return;
         }
         let kind = plan.kinds[i % plan.kinds.len().max(1)];
