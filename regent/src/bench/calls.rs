@@ -18,12 +18,16 @@
 //!   (until it has them all: a call after them, FIFO per sender, returns
 //!   its count), against the same `control_one_way`.
 //! - `controller_cpu_per_cast_<P>`: the controller process's CPU time per
-//!   cast to a mesh of P procs × 1 member, on a runtime of cast fan-out
-//!   [`CPU_FANOUT`], against the same with [`CPU_FANOUT`] procs (a full
-//!   first level): the claim is that it stays flat in the mesh size past
-//!   the fan-out, since the tree bounds what the controller sends and
-//!   hears per cast. (Up to the fan-out the controller sends one frame
-//!   per proc and the figure grows with P: the default fan-out is 16.)
+//!   acknowledged cast to a mesh of P procs × 1 member, on a runtime of
+//!   cast fan-out [`CPU_FANOUT`], against the same with [`CPU_FANOUT`]
+//!   procs (a full first level); `controller_cpu_per_cast_nowait_<P>` the
+//!   same for fire-and-forget casts. Both are net of the controller's idle
+//!   CPU over the casts' wall time, which is `controller_idle_cpu_<P>`
+//!   (ms of CPU per second with nothing sent: heartbeats and lease
+//!   renewals, per proc). The claim is that a cast's own cost stays flat
+//!   in the mesh size past the fan-out, since the tree bounds what the
+//!   controller sends and hears per cast. (Up to the fan-out the
+//!   controller sends one frame per proc: the default fan-out is 16.)
 
 use std::time::{Duration, Instant};
 
@@ -134,9 +138,9 @@ pub(crate) async fn run(
 /// that meshes past it fit this machine.
 pub(crate) const CPU_FANOUT: u32 = 4;
 
-/// `controller_cpu_per_cast_<P>` for each count of procs (the first
-/// [`CPU_FANOUT`]), on `rt` (of cast fan-out [`CPU_FANOUT`]), against the
-/// first.
+/// `controller_cpu_per_cast_<P>`, `controller_cpu_per_cast_nowait_<P>` and
+/// `controller_idle_cpu_<P>` for each count of procs, on `rt` (of cast
+/// fan-out [`CPU_FANOUT`]), each against the first count's.
 pub(crate) async fn cpu_per_cast(
     opts: BenchOptions,
     report: &mut Report,
@@ -145,11 +149,10 @@ pub(crate) async fn cpu_per_cast(
     proc_counts: &[usize],
 ) -> anyhow::Result<()> {
     let casts = if opts.quick { 2_000 } else { 10_000 };
-    let mut single = None;
-    let base_name = format!(
-        "controller_cpu_per_cast_{}",
-        proc_counts.first().unwrap_or(&0)
-    );
+    let idle_window = Duration::from_secs(if opts.quick { 1 } else { 3 });
+    let first = proc_counts.first().copied().unwrap_or(0);
+    // (acked, nowait, idle) of the first count.
+    let mut base: Option<(f64, f64, f64)> = None;
     for &n in proc_counts {
         let pm = rt
             .spawn_procs(alloc.clone(), Shape::new([("procs", n)])?)
@@ -160,25 +163,60 @@ pub(crate) async fn cpu_per_cast(
                 .await?
                 .into_result()?;
         }
-        let before = process_cpu()?;
+        // What the controller spends with nothing to do: heartbeats and
+        // lease renewals, per proc. Each cast figure is net of it over the
+        // casts' own wall time.
+        let (cpu, wall) = (process_cpu()?, Instant::now());
+        tokio::time::sleep(idle_window).await;
+        let idle_rate = (process_cpu()? - cpu).as_secs_f64() / wall.elapsed().as_secs_f64();
+        let net = |cpu: Duration, wall: Duration| {
+            (cpu.as_secs_f64() - idle_rate * wall.as_secs_f64()).max(0.0) / f64::from(casts) * 1e6
+        };
+        let (cpu, wall) = (process_cpu()?, Instant::now());
         for _ in 0..casts {
             mesh.cast(&Selection::All, &BenchOp::Echo(0))
                 .await?
                 .into_result()?;
         }
-        let per_cast = (process_cpu()? - before) / casts;
+        let acked = net(process_cpu()? - cpu, wall.elapsed());
+        let (cpu, wall) = (process_cpu()?, Instant::now());
+        for _ in 0..casts {
+            mesh.cast_nowait(&Selection::All, &BenchOp::Echo(0)).await?;
+        }
+        // Delivered to all once an acked cast after them is (FIFO).
+        mesh.cast(&Selection::All, &BenchOp::Echo(0))
+            .await?
+            .into_result()?;
+        let nowait = net(process_cpu()? - cpu, wall.elapsed());
         mesh.stop().await?;
         pm.stop(Duration::from_secs(2)).await?;
-        let base = *single.get_or_insert(per_cast);
+        let idle_ms = idle_rate * 1e3;
+        let (b_acked, b_nowait, b_idle) = *base.get_or_insert((acked, nowait, idle_ms));
+        report.push(
+            Figure::new(SUITE, &format!("controller_cpu_per_cast_{n}"), acked, "us")
+                .samples(casts as usize)
+                .against(&format!("controller_cpu_per_cast_{first}"), b_acked, "us"),
+        );
         report.push(
             Figure::new(
                 SUITE,
-                &format!("controller_cpu_per_cast_{n}"),
-                micros(per_cast),
+                &format!("controller_cpu_per_cast_nowait_{n}"),
+                nowait,
                 "us",
             )
             .samples(casts as usize)
-            .against(&base_name, micros(base), "us"),
+            .against(
+                &format!("controller_cpu_per_cast_nowait_{first}"),
+                b_nowait,
+                "us",
+            ),
+        );
+        report.push(
+            Figure::new(SUITE, &format!("controller_idle_cpu_{n}"), idle_ms, "ms/s").against(
+                &format!("controller_idle_cpu_{first}"),
+                b_idle,
+                "ms/s",
+            ),
         );
     }
     Ok(())
