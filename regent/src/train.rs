@@ -79,7 +79,7 @@ pub(crate) struct TrainOptions {
     pub(crate) nan_at: Vec<u64>,
     /// Warm spare procs to keep: a killed or hung rank restarts in a
     /// waiting process (an idle proc each) instead of a newly started one.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=regent_mesh::MAX_SPARES as i64))]
     pub(crate) spares: u16,
     /// libtorch intra-op threads per proc (the same in every proc and
     /// the reference, for bit-identical results).

@@ -153,13 +153,10 @@ impl Report {
     }
 }
 
-/// Percentile `p` (0..=100) of sorted samples, nearest-rank.
+/// Percentile `p` (0..=100) of sorted samples, nearest-rank (zero when
+/// empty).
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+    regent_train::job::run::nearest_rank(sorted, p).unwrap_or_default()
 }
 
 /// The median of samples (sorts them).

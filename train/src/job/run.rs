@@ -330,18 +330,21 @@ impl Report {
     }
 }
 
-/// Percentile `p` (0..=100) of `samples`, nearest-rank: the smallest
-/// sample with at least `p`% of the samples at or below it (of an even
-/// count, the median is the lower of the middle two), as `regent bench`
-/// computes it.
+/// Percentile `p` (0..=100) of `samples`, nearest-rank (see
+/// [`nearest_rank`]).
 pub fn percentile(samples: &[Duration], p: f64) -> Option<Duration> {
-    if samples.is_empty() {
-        return None;
-    }
     let mut s = samples.to_vec();
     s.sort();
-    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
-    Some(s[rank.clamp(1, s.len()) - 1])
+    nearest_rank(&s, p)
+}
+
+/// Percentile `p` (0..=100) of `sorted` (ascending), nearest-rank: the
+/// smallest sample with at least `p`% of the samples at or below it (of an
+/// even count, the median is the lower of the middle two); `None` when
+/// empty. The training report and `regent bench` compute theirs with it.
+pub fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len().max(1)) - 1).copied()
 }
 
 impl std::fmt::Display for Report {

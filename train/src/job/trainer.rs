@@ -503,7 +503,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             match x % 3 {
-                0 => g += 1 + x % 3,
+                0 => g += 1 + (x >> 8) % 3,
                 1 => e = e.wrapping_add(1),
                 _ => {
                     g += 1;
