@@ -242,9 +242,14 @@ pub fn decode_envelope(body: &[u8]) -> Result<Envelope, WireError> {
     decode_body(body)
 }
 
+/// The capacity an encoded payload starts with.
+const PAYLOAD_START_BYTES: usize = 256;
+
 /// Encodes a message payload.
 pub fn encode_payload<T: Serialize>(value: &T) -> Result<Bytes, WireError> {
-    postcard::to_allocvec(value)
+    // Room for a typical control message up front: growing from empty
+    // reallocates four or five times on the way to it.
+    postcard::to_extend(value, Vec::with_capacity(PAYLOAD_START_BYTES))
         .map(Bytes::from)
         .map_err(|e| WireError::Encode(e.to_string()))
 }

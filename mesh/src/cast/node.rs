@@ -43,7 +43,10 @@ pub(crate) struct Dispatched {
     /// Selected ranks of each child's chunk, for reporting a silent child.
     children: Vec<Vec<u32>>,
     child_calls: Vec<u64>,
-    results: mpsc::UnboundedReceiver<(usize, ChildResult)>,
+    /// The children's results, once a child is asked for one: a node
+    /// without children (a leaf, or a cast that selects only local
+    /// members) makes no channel.
+    results: Option<mpsc::UnboundedReceiver<(usize, ChildResult)>>,
     local: FuturesUnordered<BoxFuture<'static, (u32, EncodedReply)>>,
     /// Local members whose reply is awaited.
     local_waiting: BTreeSet<u32>,
@@ -51,22 +54,30 @@ pub(crate) struct Dispatched {
 }
 
 impl Dispatched {
-    fn new(
-        collect: Collect,
-        deadline: Instant,
-    ) -> (Self, mpsc::UnboundedSender<(usize, ChildResult)>) {
-        let (tx, results) = mpsc::unbounded_channel();
-        let d = Self {
+    fn new(collect: Collect, deadline: Instant) -> Self {
+        Self {
             collect,
             deadline,
             children: Vec::new(),
             child_calls: Vec::new(),
-            results,
+            results: None,
             local: FuturesUnordered::new(),
             local_waiting: BTreeSet::new(),
             acc: Contribution::default(),
-        };
-        (d, tx)
+        }
+    }
+
+    /// Where a child's result goes: the channel, made at the first child.
+    fn results_sender(
+        &mut self,
+        tx: &mut Option<mpsc::UnboundedSender<(usize, ChildResult)>>,
+    ) -> mpsc::UnboundedSender<(usize, ChildResult)> {
+        tx.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.results = Some(rx);
+            tx
+        })
+        .clone()
     }
 }
 
@@ -93,7 +104,8 @@ pub(crate) async fn dispatch(
 ) -> Dispatched {
     let budget = Duration::from_millis(u64::from(frame.budget_ms));
     let deadline = Instant::now() + budget;
-    let (mut d, tx) = Dispatched::new(frame.collect.clone(), deadline);
+    let mut d = Dispatched::new(frame.collect.clone(), deadline);
+    let mut tx = None;
     // At the root, `reply` says whether the caller waits for results.
     let replies = frame.reply.is_some();
     let selected = match frame.selection.bind(&frame.view, frame.seed) {
@@ -144,7 +156,7 @@ pub(crate) async fn dispatch(
         };
         let call = replies.then(|| {
             pending.register(Waiter::Child {
-                results: tx.clone(),
+                results: d.results_sender(&mut tx),
                 index: d.children.len(),
                 head: (frame.mesh, chunk.start),
                 from: head_proc,
@@ -298,7 +310,7 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
                 let part = local_part(&d.collect, rank, reply);
                 merge(&d.collect, &mut d.acc, part);
             }
-            Some((index, result)) = d.results.recv(), if open_children > 0 => {
+            Some((index, result)) = recv(&mut d.results), if open_children > 0 => {
                 if !waiting.get(index).copied().unwrap_or(false) {
                     continue;
                 }
@@ -356,6 +368,17 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
     acc.failed.sort_by_key(|(r, _)| *r);
     acc.values.sort_by_key(|(r, _)| *r);
     acc
+}
+
+/// The next child's result; never ready without a channel (no child was
+/// asked, so none is open).
+async fn recv(
+    results: &mut Option<mpsc::UnboundedReceiver<(usize, ChildResult)>>,
+) -> Option<(usize, ChildResult)> {
+    match results {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A child's result, keeping only what concerns the ranks it was sent to (a
