@@ -16,6 +16,8 @@ pub(crate) mod node;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot};
@@ -148,21 +150,48 @@ async fn run_caster(
     mut jobs: mpsc::Receiver<Job>,
 ) {
     let mut seq = 0u64;
-    while let Some(mut job) = jobs.recv().await {
+    // The casts waiting for their results, collected in this task rather
+    // than a task each: a call then costs no task of its own.
+    let mut collecting = FuturesUnordered::new();
+    loop {
+        let mut job = tokio::select! {
+            // Results first (they end casts), then new casts; a fixed order,
+            // so that a simulated run replays.
+            biased;
+            Some(()) = collecting.next(), if !collecting.is_empty() => continue,
+            job = jobs.recv() => match job {
+                Some(job) => job,
+                None => break,
+            },
+        };
         seq += 1;
         job.frame.order = CastOrder {
             caster: incarnation,
             seq,
         };
-        let d = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.frame, None).await;
+        // Dispatch can wait (on a proc's flow control): the casts already
+        // sent keep collecting and answering their callers meanwhile.
+        let dispatch = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.frame, None);
+        tokio::pin!(dispatch);
+        let d = loop {
+            tokio::select! {
+                biased;
+                d = &mut dispatch => break d,
+                Some(()) = collecting.next(), if !collecting.is_empty() => {}
+            }
+        };
         if let Some(done) = job.done {
-            let pending = pending.clone();
-            tokio::spawn(async move {
-                let c = node::collect(&pending, d).await;
-                let _ = done.send(c);
-            });
+            collecting.push(finish(&pending, d, done));
         }
     }
+    // The casts already sent still answer their callers.
+    while collecting.next().await.is_some() {}
+}
+
+/// Collects a dispatched cast's results and hands them to its caller.
+async fn finish(pending: &Pending, d: node::Dispatched, done: oneshot::Sender<Contribution>) {
+    let c = node::collect(pending, d).await;
+    let _ = done.send(c);
 }
 
 /// The frame that casts `msg` to `selection` of `view` (the whole mesh when

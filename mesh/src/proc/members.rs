@@ -21,6 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use ractor::ActorRef;
 use regent_net::{Generation, PortId};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -571,13 +574,20 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
     let mut starting = shared.starting.subscribe();
     let mut held: Vec<Held> = Vec::new();
     let mut order = Order::default();
+    // The casts served here that still wait for their results, collected
+    // in this task rather than a task each.
+    let mut collecting: Collecting = FuturesUnordered::new();
     loop {
         let expiry = held.iter().map(Held::until).min();
         tokio::select! {
             // In a fixed order, so that a simulated run replays: casts
             // first; nothing starves, as every turn ends by going through
             // the held casts with the status and expiries as they are now.
+            // Results before them: each served cast has one, so they
+            // cannot hold casts back for long, and taking them frees what
+            // the casts hold.
             biased;
+            Some(()) = collecting.next(), if !collecting.is_empty() => continue,
             frame = casts.recv() => {
                 let Some(frame) = frame else { break };
                 if order.is_stale(&frame) {
@@ -586,7 +596,7 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
                 }
                 if !behind(&held, &frame) && servable(&shared, &frame) {
                     order.served(&frame);
-                    serve_cast(&shared, frame).await;
+                    serve(&shared, frame, &mut collecting).await;
                     continue;
                 }
                 if held.len() >= QUEUED_CASTS {
@@ -612,10 +622,33 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
         }
         let done = status.borrow_and_update().is_done();
         starting.borrow_and_update();
-        release_held(&shared, &mut held, &mut order, done).await;
+        release_held(&shared, &mut held, &mut order, done, &mut collecting).await;
     }
     for h in held {
         fail(&shared, &h.frame, "the mesh stopped");
+    }
+    // The casts already served still answer for their subtrees.
+    while collecting.next().await.is_some() {}
+}
+
+/// Served casts collecting their results (see [`serve_cast`]).
+type Collecting = FuturesUnordered<BoxFuture<'static, ()>>;
+
+/// Serves a cast ([`serve_cast`]) and adds its collection to `collecting`.
+/// Serving can wait (on a slow child's flow control): the casts already
+/// served keep collecting and answering meanwhile.
+async fn serve(shared: &Shared, frame: CastFrame, collecting: &mut Collecting) {
+    let serving = serve_cast(shared, frame);
+    tokio::pin!(serving);
+    let collection = loop {
+        tokio::select! {
+            biased;
+            c = &mut serving => break c,
+            Some(()) = collecting.next(), if !collecting.is_empty() => {}
+        }
+    };
+    if let Some(c) = collection {
+        collecting.push(c);
     }
 }
 
@@ -745,7 +778,13 @@ async fn sleep_until_some(until: Option<tokio::time::Instant>) {
 /// Goes through the held casts in order: fails those that waited too long
 /// (all, once the mesh is done) and serves those that can be served and are
 /// not behind one still held.
-async fn release_held(shared: &Shared, held: &mut Vec<Held>, order: &mut Order, done: bool) {
+async fn release_held(
+    shared: &Shared,
+    held: &mut Vec<Held>,
+    order: &mut Order,
+    done: bool,
+    collecting: &mut Collecting,
+) {
     if held.is_empty() {
         return;
     }
@@ -773,7 +812,7 @@ async fn release_held(shared: &Shared, held: &mut Vec<Held>, order: &mut Order, 
                 .saturating_sub(now.saturating_duration_since(h.arrived));
             let mut frame = h.frame;
             frame.budget_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
-            serve_cast(shared, frame).await;
+            serve(shared, frame, collecting).await;
         } else {
             kept.push(h);
         }
@@ -781,18 +820,19 @@ async fn release_held(shared: &Shared, held: &mut Vec<Held>, order: &mut Order, 
     *held = kept;
 }
 
-/// Forwards and delivers one cast. The command loop took it in its
-/// generation; if the proc has moved on since (a restart's update arrived
-/// while the cast waited in the queue), it still reaches the lives that
-/// began in that generation or before (survivors), never a life of a later
-/// one, and procs further down judge it as they take it.
-async fn serve_cast(shared: &Shared, frame: CastFrame) {
+/// Forwards and delivers one cast; returns what collects its results and
+/// answers for its subtree, if its sender wants them. The command loop took
+/// it in its generation; if the proc has moved on since (a restart's update
+/// arrived while the cast waited in the queue), it still reaches the lives
+/// that began in that generation or before (survivors), never a life of a
+/// later one, and procs further down judge it as they take it.
+async fn serve_cast(shared: &Shared, frame: CastFrame) -> Option<BoxFuture<'static, ()>> {
     let fabric = shared.services.fabric.clone();
     let pending = shared.services.pending.clone();
     let info = shared.known.info();
     if frame.generation > info.generation {
         fail(shared, &frame, "cast for another generation of the mesh");
-        return;
+        return None;
     }
     // Only a cast the proc has moved on from needs each life's generation.
     let older = frame.generation < info.generation
@@ -809,31 +849,30 @@ async fn serve_cast(shared: &Shared, frame: CastFrame) {
         })
         .collect();
     let d = node::dispatch(fabric.as_ref(), &pending, &info, &frame, Some(&members)).await;
-    if let Some(reply) = frame.reply {
-        let fabric = fabric.clone();
-        let pending = pending.clone();
-        tokio::spawn(async move {
-            let contribution = node::collect(&pending, d).await;
-            let parts = node::split(contribution, fabric.max_frame_bytes());
-            let last = parts.len() - 1;
-            for (i, part) in parts.into_iter().enumerate() {
-                let body = if i == last {
-                    ReplyBody::Cast(part)
-                } else {
-                    ReplyBody::CastPart(part)
-                };
-                fabric
-                    .reply(
-                        reply.port.clone(),
-                        ProcReply {
-                            call: reply.call,
-                            body,
-                        },
-                    )
-                    .await;
-            }
-        });
-    }
+    // A cast that wants results is answered once they are in; one that
+    // does not is done.
+    let reply = frame.reply?;
+    Some(Box::pin(async move {
+        let contribution = node::collect(&pending, d).await;
+        let parts = node::split(contribution, fabric.max_frame_bytes());
+        let last = parts.len() - 1;
+        for (i, part) in parts.into_iter().enumerate() {
+            let body = if i == last {
+                ReplyBody::Cast(part)
+            } else {
+                ReplyBody::CastPart(part)
+            };
+            fabric
+                .reply(
+                    reply.port.clone(),
+                    ProcReply {
+                        call: reply.call,
+                        body,
+                    },
+                )
+                .await;
+        }
+    }))
 }
 
 fn fail(shared: &Shared, frame: &CastFrame, why: &str) {
