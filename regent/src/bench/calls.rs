@@ -17,6 +17,14 @@
 //! - `cast_nowait_rate`: fire-and-forget casts per second to that member
 //!   (until it has them all: a call after them, FIFO per sender, returns
 //!   its count), against the same `control_one_way`.
+//! - `pipelined_call_cpu` and `cast_nowait_cpu`: the CPU time per call and
+//!   per cast of those runs, summed over the controller's process and the
+//!   member's proc (every thread, from the scheduler's own counts), against
+//!   `control_one_way_cpu`, the same sum over this process and the peer's
+//!   per one-way message. The CPU a figure costs moves far less with the
+//!   machine's load than its rate; a call is two messages, so a call at
+//!   twice the baseline and a cast at once it would add nothing to the
+//!   control plane.
 //! - `controller_cpu_per_cast_<P>`: the controller process's CPU time per
 //!   acknowledged cast to a mesh of P procs × 1 member, on a runtime of
 //!   cast fan-out [`CPU_FANOUT`], against the same with [`CPU_FANOUT`]
@@ -31,6 +39,7 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use futures::StreamExt;
 use regent_mesh::alloc::Allocator;
 use regent_mesh::{ActorMesh, ProcMesh, Rank, Runtime, Selection, Shape};
@@ -102,18 +111,46 @@ pub(crate) async fn run(
         );
     }
 
-    // Rates, interleaved with their baseline over rounds.
+    // Rates, interleaved with their baseline over rounds, and the CPU of
+    // both processes per call, cast and message (machine noise moves it far
+    // less than the rates).
+    let BenchReply::Pid(proc_pid) = mesh.call_one(member, &BenchOp::Pid).await? else {
+        anyhow::bail!("the member named no process");
+    };
+    let me = std::process::id();
+    let pair = |other: u32| -> anyhow::Result<Duration> { Ok(cpu_of(me)? + cpu_of(other)?) };
+    let per = |before: Duration, after: Duration, n: usize| {
+        after.saturating_sub(before).as_secs_f64() * 1e6 / n as f64
+    };
     control.one_way(casts / 10).await?;
     let (mut piped, mut cast_rates, mut one_way) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut piped_cpu, mut cast_cpu, mut one_way_cpu) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
+        let before = pair(proc_pid)?;
         piped.push(pipelined_calls(&mesh, member, pipelined).await?);
+        piped_cpu.push(per(before, pair(proc_pid)?, pipelined));
+        let before = pair(proc_pid)?;
         cast_rates.push(cast_rate(&mesh, member, casts).await?);
+        cast_cpu.push(per(before, pair(proc_pid)?, casts));
+        let before = pair(control.peer_pid())?;
         one_way.push(control.one_way(casts).await?);
+        one_way_cpu.push(per(before, pair(control.peer_pid())?, casts));
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let one_way_cpu = median(&mut one_way_cpu);
+    report.push(
+        Figure::new(SUITE, "pipelined_call_cpu", median(&mut piped_cpu), "us")
+            .samples(3)
+            .against("control_one_way_cpu", one_way_cpu, "us"),
+    );
+    report.push(
+        Figure::new(SUITE, "cast_nowait_cpu", median(&mut cast_cpu), "us")
+            .samples(3)
+            .against("control_one_way_cpu", one_way_cpu, "us"),
+    );
     let one_way = median(&mut one_way);
     report.push(
         Figure::new(SUITE, "pipelined_calls", median(&mut piped), "calls/s")
@@ -223,6 +260,29 @@ pub(crate) async fn cpu_per_cast(
 }
 
 /// This process's CPU time so far (user and system, every thread).
+/// The CPU time process `pid` has run, to the nanosecond: the sum over its
+/// threads of the scheduler's own count (`/proc/<pid>/task/*/schedstat`;
+/// `getrusage` counts only this process, and `/proc/<pid>/stat` in clock
+/// ticks of 10 ms). Threads that ended are not counted: the processes
+/// measured keep theirs.
+fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = task?.path().join("schedstat");
+        // A thread may end between the listing and the read.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let on_cpu = text
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .with_context(|| format!("{}: {text:?}", path.display()))?;
+        ns = ns.saturating_add(on_cpu);
+    }
+    Ok(Duration::from_nanos(ns))
+}
+
 fn process_cpu() -> anyhow::Result<Duration> {
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
     let tv = |t: nix::sys::time::TimeVal| {

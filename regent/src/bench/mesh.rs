@@ -104,6 +104,8 @@ pub(crate) enum BenchOp {
     TcpEcho,
     /// Reply with how many `Echo`s this life received.
     Count,
+    /// Reply with the id of this member's proc process.
+    Pid,
 }
 
 /// A [`Bench`] member's reply.
@@ -115,6 +117,7 @@ pub(crate) enum BenchReply {
     Reads { read: Vec<u64>, memcpy: Vec<u64> },
     Port(u16),
     Count(u64),
+    Pid(u32),
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -141,6 +144,7 @@ impl MeshActor for Bench {
                 BenchReply::Ok
             }
             BenchOp::Count => BenchReply::Count(self.echoes),
+            BenchOp::Pid => BenchReply::Pid(std::process::id()),
             BenchOp::TcpEcho => {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
                 let port = listener.local_addr()?.port();

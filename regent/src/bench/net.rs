@@ -288,7 +288,7 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
 /// this suite's figures and other suites' baselines
 /// ([`ControlPeer::one_way`]).
 pub(crate) struct ControlPeer {
-    _peer: Peer,
+    peer: Peer,
     endpoint: Endpoint,
     server: ProcId,
     tcp_addr: std::net::SocketAddr,
@@ -338,7 +338,7 @@ impl ControlPeer {
         let done = endpoint.open_port(pump.port(0))?;
         let echoes = endpoint.open_port(pid(CLIENT)?.actor("echo-client", 0)?.port(0))?;
         Ok(Self {
-            _peer: peer,
+            peer,
             endpoint,
             server: pid(SERVER)?,
             tcp_addr,
@@ -348,6 +348,11 @@ impl ControlPeer {
             done,
             echoes,
         })
+    }
+
+    /// The peer process's id.
+    pub(crate) fn peer_pid(&self) -> u32 {
+        self.peer.pid()
     }
 
     /// Messages per second of `n` 64-byte messages pipelined from one

@@ -19,6 +19,11 @@ pub(super) struct Peer {
 }
 
 impl Peer {
+    /// The peer process's id.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Makes a fresh directory for `suite`, lets `setup` put the peer's
     /// credentials there, starts `regent <command> --dir <dir>`, and waits
     /// (up to `deadline`) for its first line, which it returns.
