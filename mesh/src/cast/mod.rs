@@ -172,14 +172,7 @@ async fn run_caster(
         // Dispatch can wait (on a proc's flow control): the casts already
         // sent keep collecting and answering their callers meanwhile.
         let dispatch = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.frame, None);
-        tokio::pin!(dispatch);
-        let d = loop {
-            tokio::select! {
-                biased;
-                d = &mut dispatch => break d,
-                Some(()) = collecting.next(), if !collecting.is_empty() => {}
-            }
-        };
+        let d = node::beside(dispatch, &mut collecting).await;
         if let Some(done) = job.done {
             collecting.push(finish(&pending, d, done));
         }

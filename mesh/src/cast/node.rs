@@ -370,6 +370,27 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
     acc
 }
 
+/// Runs `work` while the casts in `collecting` keep collecting (a node's
+/// casts wait for their results in its own task: while it forwards the next
+/// one, which can wait on a slow child's flow control, earlier ones still
+/// answer); returns what `work` returns.
+pub(crate) async fn beside<T, F>(
+    work: impl Future<Output = T>,
+    collecting: &mut FuturesUnordered<F>,
+) -> T
+where
+    F: Future<Output = ()>,
+{
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            t = &mut work => return t,
+            Some(()) = collecting.next(), if !collecting.is_empty() => {}
+        }
+    }
+}
+
 /// The next child's result; never ready without a channel (no child was
 /// asked, so none is open).
 async fn recv(

@@ -638,16 +638,7 @@ type Collecting = FuturesUnordered<BoxFuture<'static, ()>>;
 /// Serving can wait (on a slow child's flow control): the casts already
 /// served keep collecting and answering meanwhile.
 async fn serve(shared: &Shared, frame: CastFrame, collecting: &mut Collecting) {
-    let serving = serve_cast(shared, frame);
-    tokio::pin!(serving);
-    let collection = loop {
-        tokio::select! {
-            biased;
-            c = &mut serving => break c,
-            Some(()) = collecting.next(), if !collecting.is_empty() => {}
-        }
-    };
-    if let Some(c) = collection {
+    if let Some(c) = node::beside(serve_cast(shared, frame), collecting).await {
         collecting.push(c);
     }
 }

@@ -141,16 +141,16 @@ pub(crate) async fn run(
         v[v.len() / 2]
     };
     let one_way_cpu = median(&mut one_way_cpu);
-    report.push(
-        Figure::new(SUITE, "pipelined_call_cpu", median(&mut piped_cpu), "us")
-            .samples(3)
-            .against("control_one_way_cpu", one_way_cpu, "us"),
-    );
-    report.push(
-        Figure::new(SUITE, "cast_nowait_cpu", median(&mut cast_cpu), "us")
-            .samples(3)
-            .against("control_one_way_cpu", one_way_cpu, "us"),
-    );
+    for (name, cpu) in [
+        ("pipelined_call_cpu", &mut piped_cpu),
+        ("cast_nowait_cpu", &mut cast_cpu),
+    ] {
+        report.push(
+            Figure::new(SUITE, name, median(cpu), "us")
+                .samples(3)
+                .against("control_one_way_cpu", one_way_cpu, "us"),
+        );
+    }
     let one_way = median(&mut one_way);
     report.push(
         Figure::new(SUITE, "pipelined_calls", median(&mut piped), "calls/s")
