@@ -498,3 +498,39 @@ pub(crate) fn split(mut c: Contribution, max_frame_bytes: usize) -> Vec<Contribu
     last.reduced = c.reduced;
     parts
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::future::BoxFuture;
+    use futures::stream::FuturesUnordered;
+    use tokio::sync::oneshot;
+
+    use super::beside;
+
+    /// A step that waits on what an earlier cast's collection does (as a
+    /// forward waits on flow control that only the answers free) finishes:
+    /// the collections run meanwhile, and the finished one leaves the set.
+    #[tokio::test(flavor = "current_thread")]
+    async fn collections_run_while_the_next_step_waits() {
+        let (answered, answer) = oneshot::channel::<u32>();
+        let mut collecting: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
+        collecting.push(Box::pin(async move {
+            tokio::task::yield_now().await;
+            let _ = answered.send(7);
+        }));
+        // Never ready unless the collection above runs.
+        let (tx, never) = oneshot::channel::<()>();
+        collecting.push(Box::pin(async move {
+            let _ = never.await;
+        }));
+        let got = tokio::time::timeout(Duration::from_secs(5), beside(answer, &mut collecting))
+            .await
+            .expect("the step waited on a collection that was not run")
+            .expect("the collection answered");
+        assert_eq!(got, 7);
+        assert_eq!(collecting.len(), 1, "the finished collection is dropped");
+        drop(tx);
+    }
+}
