@@ -483,7 +483,14 @@ impl Slice {
             what: "largest rank",
             max: u64::from(u32::MAX),
         };
-        let mut order: Vec<usize> = (0..sizes.len()).filter(|&i| sizes[i] > 1).collect();
+        // On the stack: every bind and every decoded frame checks a slice.
+        let mut order = [0usize; MAX_DIMS];
+        let mut count = 0;
+        for i in (0..sizes.len()).filter(|&i| sizes[i] > 1) {
+            order[count] = i;
+            count += 1;
+        }
+        let order = &mut order[..count];
         order.sort_by_key(|&i| std::cmp::Reverse(strides[i]));
         let mut span: u64 = 0;
         for &i in order.iter().rev() {
