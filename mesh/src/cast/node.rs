@@ -36,6 +36,13 @@ const CHILD_BUDGET_SHARE: f64 = 0.8;
 /// The members of a mesh in this proc, by local index (`None` once gone).
 pub(crate) type LocalMembers = Vec<Option<ActorRef<MemberMsg>>>;
 
+/// Both ends of a node's channel of its children's results (the node keeps
+/// the sender to hand a clone to each child's waiter).
+type ResultsChannel = (
+    mpsc::UnboundedSender<(usize, ChildResult)>,
+    mpsc::UnboundedReceiver<(usize, ChildResult)>,
+);
+
 /// A dispatched cast, waiting for its results.
 pub(crate) struct Dispatched {
     collect: Collect,
@@ -43,10 +50,10 @@ pub(crate) struct Dispatched {
     /// Selected ranks of each child's chunk, for reporting a silent child.
     children: Vec<Vec<u32>>,
     child_calls: Vec<u64>,
-    /// The children's results, once a child is asked for one: a node
-    /// without children (a leaf, or a cast that selects only local
-    /// members) makes no channel.
-    results: Option<mpsc::UnboundedReceiver<(usize, ChildResult)>>,
+    /// The channel of the children's results, made when the first child is
+    /// asked for one: a node without children (a leaf, or a cast that
+    /// selects only local members) makes none.
+    results: Option<ResultsChannel>,
     local: FuturesUnordered<BoxFuture<'static, (u32, EncodedReply)>>,
     /// Local members whose reply is awaited.
     local_waiting: BTreeSet<u32>,
@@ -67,17 +74,13 @@ impl Dispatched {
         }
     }
 
-    /// Where a child's result goes: the channel, made at the first child.
-    fn results_sender(
-        &mut self,
-        tx: &mut Option<mpsc::UnboundedSender<(usize, ChildResult)>>,
-    ) -> mpsc::UnboundedSender<(usize, ChildResult)> {
-        tx.get_or_insert_with(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            self.results = Some(rx);
-            tx
-        })
-        .clone()
+    /// Where a child's result goes (the channel is made at the first
+    /// child).
+    fn results_sender(&mut self) -> mpsc::UnboundedSender<(usize, ChildResult)> {
+        self.results
+            .get_or_insert_with(mpsc::unbounded_channel)
+            .0
+            .clone()
     }
 }
 
@@ -105,7 +108,6 @@ pub(crate) async fn dispatch(
     let budget = Duration::from_millis(u64::from(frame.budget_ms));
     let deadline = Instant::now() + budget;
     let mut d = Dispatched::new(frame.collect.clone(), deadline);
-    let mut tx = None;
     // At the root, `reply` says whether the caller waits for results.
     let replies = frame.reply.is_some();
     let selected = match frame.selection.bind(&frame.view, frame.seed) {
@@ -156,7 +158,7 @@ pub(crate) async fn dispatch(
         };
         let call = replies.then(|| {
             pending.register(Waiter::Child {
-                results: d.results_sender(&mut tx),
+                results: d.results_sender(),
                 index: d.children.len(),
                 head: (frame.mesh, chunk.start),
                 from: head_proc,
@@ -393,11 +395,9 @@ where
 
 /// The next child's result; never ready without a channel (no child was
 /// asked, so none is open).
-async fn recv(
-    results: &mut Option<mpsc::UnboundedReceiver<(usize, ChildResult)>>,
-) -> Option<(usize, ChildResult)> {
+async fn recv(results: &mut Option<ResultsChannel>) -> Option<(usize, ChildResult)> {
     match results {
-        Some(rx) => rx.recv().await,
+        Some((_, rx)) => rx.recv().await,
         None => std::future::pending().await,
     }
 }
