@@ -117,8 +117,7 @@ pub(crate) async fn run(
     let BenchReply::Pid(proc_pid) = mesh.call_one(member, &BenchOp::Pid).await? else {
         anyhow::bail!("the member named no process");
     };
-    let me = std::process::id();
-    let pair = |other: u32| -> anyhow::Result<Duration> { Ok(cpu_of(me)? + cpu_of(other)?) };
+    let pair = |other: u32| -> anyhow::Result<Duration> { Ok(process_cpu()? + cpu_of(other)?) };
     let per = |before: Duration, after: Duration, n: usize| {
         after.saturating_sub(before).as_secs_f64() * 1e6 / n as f64
     };
@@ -259,12 +258,11 @@ pub(crate) async fn cpu_per_cast(
     Ok(())
 }
 
-/// This process's CPU time so far (user and system, every thread).
-/// The CPU time process `pid` has run, to the nanosecond: the sum over its
-/// threads of the scheduler's own count (`/proc/<pid>/task/*/schedstat`;
-/// `getrusage` counts only this process, and `/proc/<pid>/stat` in clock
-/// ticks of 10 ms). Threads that ended are not counted: the processes
-/// measured keep theirs.
+/// The CPU time another process `pid` has run, to the nanosecond: the sum
+/// over its threads of the scheduler's own count
+/// (`/proc/<pid>/task/*/schedstat`; `getrusage` counts only this process,
+/// and `/proc/<pid>/stat` in clock ticks of 10 ms). Threads that ended are
+/// not counted: the procs and the peer keep theirs while measured.
 fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
     let mut ns = 0u64;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
@@ -283,6 +281,8 @@ fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
     Ok(Duration::from_nanos(ns))
 }
 
+/// This process's CPU time so far (user and system, every thread, also
+/// those that ended).
 fn process_cpu() -> anyhow::Result<Duration> {
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
     let tv = |t: nix::sys::time::TimeVal| {
