@@ -14,7 +14,6 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SpawnErr, Supervisi
 
 use crate::error::StartError;
 use crate::spec::{ChildId, ChildKey, ChildPolicy, Incarnation, Restart, Shutdown};
-use crate::supervisor::{SupervisorRef, SupervisorSpec};
 
 /// What a start function receives.
 #[derive(Debug, Clone)]
@@ -29,7 +28,7 @@ impl StartContext {
     /// `spawn_linked(.., ctx.supervisor())`); if it is not, it is linked
     /// afterwards. This is the supervisor's exit inbox, which hands the
     /// child's exit to the supervisor in mailbox order, not the supervisor
-    /// itself; [`SupervisorRef::cell`] is the supervisor.
+    /// itself; [`crate::SupervisorRef::cell`] is the supervisor.
     pub fn supervisor(&self) -> ActorCell {
         self.supervisor.clone()
     }
@@ -97,21 +96,6 @@ impl ChildSpec {
         })
     }
 
-    /// A supervisor child: each start spawns a supervisor with `spec` linked
-    /// to this one. Its shutdown is infinite, as OTP's default.
-    pub fn supervisor(id: impl Into<ChildId>, spec: SupervisorSpec) -> Self {
-        Self::new(ChildPolicy::supervisor(id), move |ctx| {
-            let spec = spec.clone();
-            async move {
-                let (sup, _) = SupervisorRef::start_linked(spec, ctx.supervisor)
-                    .await
-                    .map_err(|e| StartError::Failed(e.to_string()))?;
-                Ok(sup.cell())
-            }
-            .boxed()
-        })
-    }
-
     /// Sets the restart type.
     pub fn restart(mut self, restart: Restart) -> Self {
         self.policy.restart = restart;
@@ -138,7 +122,7 @@ impl ChildSpec {
 
 /// The child template of a `simple_one_for_one` supervisor: a policy and a
 /// start function that takes the arguments given to
-/// [`SupervisorRef::start_dynamic_child`].
+/// [`crate::SupervisorRef::start_dynamic_child`].
 #[derive(Clone)]
 pub struct ChildTemplate {
     pub(crate) policy: ChildPolicy,

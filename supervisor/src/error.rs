@@ -1,50 +1,9 @@
-//! Errors of the supervisor crate.
+//! Errors of the supervisor crate at run time (a specification's own
+//! errors, `SpecError`, are with it in `spec`).
 
 use thiserror::Error;
 
-use crate::spec::{ChildId, ChildKey, MAX_CHILDREN};
-
-/// A child specification or supervisor configuration breaks OTP's rules.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum SpecError {
-    /// A significant child under `auto_shutdown = never`: it could never shut
-    /// anything down, so OTP refuses it.
-    #[error(
-        "child {id}: significant children need auto_shutdown any_significant or all_significant (it is never)"
-    )]
-    SignificantWithoutAutoShutdown {
-        /// The offending child.
-        id: ChildId,
-    },
-    /// A significant child that is permanent: it is always restarted, so its
-    /// exit could never shut the supervisor down.
-    #[error("child {id}: a significant child must be transient or temporary, not permanent")]
-    SignificantPermanent {
-        /// The offending child.
-        id: ChildId,
-    },
-    /// Two child specifications share an id.
-    #[error("child id {id} appears twice")]
-    DuplicateId {
-        /// The repeated id.
-        id: ChildId,
-    },
-    /// The intensity period is zero.
-    #[error("the restart intensity period must be greater than zero")]
-    ZeroPeriod,
-    /// The backoff starts above its own cap.
-    #[error("the restart backoff's initial delay is above its maximum")]
-    BackoffInitialAboveMax,
-    /// A `simple_one_for_one` supervisor has other than exactly one template.
-    #[error("a simple_one_for_one supervisor takes exactly one child template, got {count}")]
-    SimpleNeedsOneTemplate {
-        /// How many were given.
-        count: usize,
-    },
-    /// More children than [`MAX_CHILDREN`].
-    #[error("a supervisor holds at most {MAX_CHILDREN} children")]
-    TooManyChildren,
-}
+use crate::spec::{ChildId, ChildKey, SpecError};
 
 /// Why a child could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

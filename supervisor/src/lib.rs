@@ -43,12 +43,12 @@ mod window;
 pub use child::{
     ChildSpec, ChildTemplate, Guarded, Panic, StartContext, StartFuture, spawn_guarded,
 };
-pub use error::{ChildError, SpecError, StartError};
+pub use error::{ChildError, StartError};
 pub use machine::{ChildStatus, ExitCause};
 pub use reason::ExitReason;
 pub use spec::{
     AutoShutdown, Backoff, ChildCounts, ChildId, ChildKey, ChildKind, ChildPolicy, Incarnation,
-    InstanceId, Intensity, MAX_CHILDREN, Restart, Shutdown, Strategy, SupervisorFlags,
+    InstanceId, Intensity, MAX_CHILDREN, Restart, Shutdown, SpecError, Strategy, SupervisorFlags,
 };
 pub use supervisor::{
     Answer, Child, ChildExit, KILL_WAIT, Observation, Observed, SHUTDOWN_REASON, Supervisor,

@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use indexmap::IndexMap;
 
-use crate::error::{ChildError, SpecError, StartError};
+use crate::error::{ChildError, StartError};
 use crate::reason::ExitReason;
+use crate::spec::SpecError;
 use crate::spec::{
     AutoShutdown, ChildCounts, ChildId, ChildKey, ChildKind, ChildPolicy, Incarnation, InstanceId,
     MAX_CHILDREN, Restart, Shutdown, Strategy, SupervisorFlags,

@@ -37,11 +37,12 @@ use ractor::{
 use tokio::sync::broadcast;
 
 use crate::child::{ChildSpec, ChildTemplate, DynArgs, DynStartFn, Panic, StartContext, StartFn};
-use crate::error::{ChildError, SpecError, StartError};
+use crate::error::{ChildError, StartError};
 use crate::machine::{
     Action, ChildStatus, Event, ExitCause, Machine, Reply, Report, Request, RequestId, TimerId,
 };
 use crate::reason::ExitReason;
+use crate::spec::SpecError;
 use crate::spec::{
     ChildCounts, ChildId, ChildKey, ChildKind, ChildPolicy, Incarnation, InstanceId, Shutdown,
     SupervisorFlags,
@@ -1089,5 +1090,24 @@ impl From<&str> for ChildKey {
 impl From<InstanceId> for ChildKey {
     fn from(n: InstanceId) -> Self {
         ChildKey::Dynamic(n)
+    }
+}
+
+/// A supervisor as another supervisor's child (here, beside what it starts,
+/// so that `child` does not depend on this module).
+impl ChildSpec {
+    /// A supervisor child: each start spawns a supervisor with `spec` linked
+    /// to this one. Its shutdown is infinite, as OTP's default.
+    pub fn supervisor(id: impl Into<ChildId>, spec: SupervisorSpec) -> Self {
+        Self::new(ChildPolicy::supervisor(id), move |ctx| {
+            let spec = spec.clone();
+            async move {
+                let (sup, _) = SupervisorRef::start_linked(spec, ctx.supervisor)
+                    .await
+                    .map_err(|e| StartError::Failed(e.to_string()))?;
+                Ok(sup.cell())
+            }
+            .boxed()
+        })
     }
 }
