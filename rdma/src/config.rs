@@ -1,7 +1,6 @@
 //! Configuration of a [`crate::BufferManager`]: plain values with documented
 //! defaults and builder-style setters.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -9,26 +8,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::handle::HostId;
 
-/// A way to move bytes to and from a registered buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BackendKind {
-    /// Verbs RC queue pairs on an RDMA NIC (cargo feature `ibverbs`).
-    Ibverbs,
-    /// The owner's memory mapped by the peer (same host only).
-    Shm,
-    /// The owner's tcp endpoint, mutual TLS with the cluster certificates.
-    Tcp,
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Ibverbs => "ibverbs",
-            Self::Shm => "shm",
-            Self::Tcp => "tcp",
-        })
-    }
-}
+pub use crate::ids::BackendKind;
 
 /// How the reader picks a backend for a buffer (see [`crate::choose_backend`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

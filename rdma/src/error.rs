@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use regent_net::ProcId;
 
-use crate::config::BackendKind;
-use crate::handle::BufferId;
+use crate::ids::{BackendKind, BufferId};
 
 /// Why registering memory or a one-sided operation failed.
 ///

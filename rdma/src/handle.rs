@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::access::Window;
 use crate::error::Error;
+pub use crate::ids::BufferId;
 
 /// The largest buffer that can be registered or named by a handle (1 TiB).
 pub const MAX_BUFFER_BYTES: u64 = 1 << 40;
@@ -20,22 +21,6 @@ pub const MAX_HANDLE_BYTES: usize = 512;
 const MAX_PID: u32 = 1 << 22;
 /// The largest file descriptor number a handle may name.
 const MAX_FD: u32 = 1 << 24;
-
-/// A buffer's number within its owner proc; never reused by a manager.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct BufferId(pub u64);
-
-impl fmt::Display for BufferId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "buffer#{}", self.0)
-    }
-}
-
-impl fmt::Debug for BufferId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "BufferId({})", self.0)
-    }
-}
 
 /// Which machine (kernel and pid namespace) a proc runs on: two procs with
 /// the same host id can reach each other's memory through `/proc`, so the

@@ -80,6 +80,7 @@ mod choice;
 pub mod config;
 pub mod error;
 pub mod handle;
+mod ids;
 mod manager;
 mod memory;
 mod shm;
