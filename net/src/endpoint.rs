@@ -542,6 +542,15 @@ impl Endpoint {
         lock(&self.inner.routes).insert(addr.proc, addr.socket);
     }
 
+    /// Adds a route to a proc unless one is known: for addresses from a
+    /// less trusted source than the one that set the known route (a relay's
+    /// unsigned hops), which must not move it.
+    pub fn add_route_if_unknown(&self, addr: ProcAddr) {
+        lock(&self.inner.routes)
+            .entry(addr.proc)
+            .or_insert(addr.socket);
+    }
+
     /// Forgets the route to a proc.
     pub fn remove_route(&self, proc: &ProcId) {
         lock(&self.inner.routes).remove(proc);
