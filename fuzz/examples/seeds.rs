@@ -25,6 +25,7 @@ use regent_mesh::protocol::{
     self, CastFrame, CastOrder, CastToken, Collect, Contribution, MemberExited, MeshChange, MeshId,
     MeshInfo, ProcCommand, ProcReply, ProcStats, ReplyBody, ReplyTo, Restart, SpawnChild,
 };
+use regent_mesh::relay::{Hop, RelayBody, RelayFrame, RelayOutcome, Relayed};
 use regent_mesh::{Decision, FailureCause, MemberError, MeshFailure, MeshPolicy, Rank, Shape};
 use regent_net::wire::{
     self, Control, Envelope, Hello, RejectCause, ToReceiver, ToSender, Welcome,
@@ -348,6 +349,31 @@ fn restart(generation: u64) -> Restart {
     }
 }
 
+/// A relayed command as a proc receives it (the signature is not the
+/// owner's: the fuzzer reaches the checks before and after it).
+fn relay(body: RelayBody) -> ProcCommand {
+    let signed = wire::encode_payload(&Relayed { seq: 7, body }).expect("encodes");
+    ProcCommand::Relay(RelayFrame {
+        signed,
+        signature: Bytes::from(vec![0u8; 64]),
+        route: (0..3)
+            .map(|rank| Hop {
+                rank,
+                addr: ProcAddr {
+                    socket: "127.0.0.1:4000".parse().expect("an address"),
+                    proc: proc(&format!("trainer-{rank}")),
+                },
+            })
+            .collect(),
+        fanout: 16,
+        reply: Some(ReplyTo {
+            port: port("controller/regent-controller[0]#1"),
+            call: 9,
+        }),
+        budget_ms: 30_000,
+    })
+}
+
 fn mesh(out: &mut Seeds) {
     let reply_to = || port("controller/regent-controller[0]#1");
     let commands = [
@@ -427,6 +453,17 @@ fn mesh(out: &mut Seeds) {
         ("child-gone", ProcCommand::ChildGone { mesh: MeshId(4) }),
         ("renew", ProcCommand::Renew),
         ("exit", ProcCommand::Exit),
+        ("relay-spawn", relay(RelayBody::Spawn {
+            info: Box::new(mesh_info(0)),
+            args: Bytes::from_static(b"args"),
+            start: None,
+        })),
+        ("relay-update", relay(RelayBody::Update {
+            mesh: MeshId(3),
+            change: change(1, 2),
+            restart: Some(restart(2)),
+        })),
+        ("relay-renew", relay(RelayBody::Renew)),
     ];
     let replies = [
         ("spawned", ReplyBody::Spawned(Ok(()))),
@@ -436,6 +473,14 @@ fn mesh(out: &mut Seeds) {
         ),
         ("stopped", ReplyBody::Stopped),
         ("updated", ReplyBody::Updated),
+        (
+            "relayed",
+            ReplyBody::Relayed(RelayOutcome {
+                done: 2,
+                failed: vec![(proc("trainer-2"), "proc lost".into())],
+                more_failed: 0,
+            }),
+        ),
         ("child-spawned", ReplyBody::ChildSpawned(Ok(mesh_info(0)))),
         (
             "child-refused",
@@ -634,6 +679,7 @@ fn host(out: &mut Seeds) {
         owner_lease: Duration::from_secs(30),
         endpoint: regent_net::EndpointConfig::default(),
         placement: Placement::default().env("CUDA_VISIBLE_DEVICES", "1"),
+        owner_key: None,
     };
     let requests = [
         (

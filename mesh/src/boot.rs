@@ -169,6 +169,11 @@ pub struct ProcBoot {
     /// What this proc rank gets beyond what every proc gets.
     #[serde(default)]
     pub placement: Placement,
+    /// The owner's public key: the proc takes commands relayed by other
+    /// procs only with the owner's signature (`docs/semantics.md` §4.1,
+    /// relayed commands). `None`: it takes none.
+    #[serde(default)]
+    pub owner_key: Option<crate::owner::OwnerKey>,
 }
 
 /// Where a proc rank runs beyond what all procs share: its own environment
@@ -457,6 +462,7 @@ mod tests {
             owner_lease: Duration::from_secs(3),
             endpoint: regent_net::EndpointConfig::default(),
             placement: Placement::default(),
+            owner_key: Some(crate::owner::OwnerKey([7; 32])),
         }
     }
 

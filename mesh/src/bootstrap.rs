@@ -117,6 +117,7 @@ async fn run_proc() -> i32 {
         endpoint: start.endpoint.clone(),
         owner: start.boot.owner.proc.clone(),
         owner_lease: start.boot.owner_lease,
+        owner_key: start.boot.owner_key,
         buffers,
         member_threads: true,
         seed: None,

@@ -33,6 +33,23 @@ impl Entropy {
         seed.map_or_else(Self::os, Self::seeded)
     }
 
+    /// Fills `out` with secret bytes (a signing key's seed): from the OS's
+    /// cryptographic source, or from the seed in a simulation.
+    pub(crate) fn fill_secret(&self, out: &mut [u8]) {
+        use ring::rand::SecureRandom;
+        match &self.seeded {
+            None => ring::rand::SystemRandom::new()
+                .fill(out)
+                .expect("the OS's random source"),
+            Some(_) => {
+                for chunk in out.chunks_mut(8) {
+                    let n = self.next_u64().to_le_bytes();
+                    chunk.copy_from_slice(&n[..chunk.len()]);
+                }
+            }
+        }
+    }
+
     /// The next number.
     pub(crate) fn next_u64(&self) -> u64 {
         match &self.seeded {

@@ -68,6 +68,14 @@ pub(crate) trait Fabric: Send + Sync {
         cmd: ProcCommand,
         deadline: Instant,
     ) -> BoxFuture<'_, Result<(), SendProblem>>;
+    /// Sends a command to the proc at `addr` (a relay's hop), giving up at
+    /// `deadline`.
+    fn send_to(
+        &self,
+        addr: &regent_net::ProcAddr,
+        cmd: ProcCommand,
+        deadline: Instant,
+    ) -> BoxFuture<'_, Result<(), SendProblem>>;
     /// Sends an answer or a subtree's result to `port`.
     fn reply(&self, port: PortId, reply: ProcReply) -> BoxFuture<'_, ()>;
     /// The port where this node receives its children's results.
@@ -382,6 +390,19 @@ impl Fabric for NetFabric {
             .await
         }
         .boxed()
+    }
+
+    fn send_to(
+        &self,
+        addr: &regent_net::ProcAddr,
+        cmd: ProcCommand,
+        deadline: Instant,
+    ) -> BoxFuture<'_, Result<(), SendProblem>> {
+        // A hop is not signed: it may not move a route the owner set.
+        self.endpoint.add_route_if_unknown(addr.clone());
+        self.commands_sent.fetch_add(1, Ordering::Relaxed);
+        let port = proc_port(&addr.proc, names::COMMAND_PORT);
+        async move { self.send_by(&port, Generation(0), cmd, deadline).await }.boxed()
     }
 
     fn reply_port(&self) -> PortId {

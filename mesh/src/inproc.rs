@@ -129,6 +129,7 @@ impl InProcAllocator {
         let serving = endpoint.clone();
         let lease = boot.owner_lease;
         let owner = boot.owner.proc.clone();
+        let owner_key = boot.owner_key;
         // The payload plane's credentials (none in a simulation).
         let creds = match self.network {
             Network::Udp => Some(ProcCredentials::from_pem(
@@ -168,6 +169,7 @@ impl InProcAllocator {
                 endpoint: serving,
                 owner,
                 owner_lease: lease,
+                owner_key,
                 buffers,
                 member_threads,
                 seed,
@@ -331,6 +333,54 @@ mod tests {
     use crate::fabric::{proc_actor, proc_port};
     use crate::protocol::{MeshId, ProcCommand, ProcReply, ReplyBody, names};
 
+    /// A cluster CA and a controller's endpoint on loopback.
+    fn controller(ca_name: &str) -> (ClusterCa, ProcId, Endpoint) {
+        let ca = ClusterCa::generate(ca_name).unwrap();
+        let me = ProcId::new("controller").unwrap();
+        let controller = Endpoint::bind(
+            ca.issue(&me, Role::Controller, Validity::job()).unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+            EndpointConfig::default(),
+        )
+        .unwrap();
+        (ca, me, controller)
+    }
+
+    /// The next answer at `replies`, within 20 s.
+    async fn answer(replies: &mut regent_net::Inbox) -> ProcReply {
+        let answer = tokio::time::timeout(Duration::from_secs(20), replies.recv())
+            .await
+            .expect("an answer within 20 s")
+            .expect("the reply port is open");
+        answer.decode().unwrap()
+    }
+
+    /// The boot of `proc`, owned by `controller`, trusting `owner_key`.
+    fn boot(
+        ca: &ClusterCa,
+        proc: &ProcId,
+        controller: &Endpoint,
+        owner_key: Option<crate::relay::OwnerKey>,
+    ) -> ProcBoot {
+        let (cert_pem, key_pem, ca_pem) = ca
+            .issue(proc, Role::Proc, Validity::job())
+            .unwrap()
+            .to_pem();
+        ProcBoot {
+            proc: proc.clone(),
+            ca_pem,
+            cert_pem,
+            key_pem,
+            bind: "127.0.0.1:0".parse().unwrap(),
+            parent: controller.addr(),
+            owner: controller.addr(),
+            owner_lease: Duration::from_secs(30),
+            endpoint: EndpointConfig::default(),
+            placement: Default::default(),
+            owner_key,
+        }
+    }
+
     /// The moment `allocate` returns, the proc takes commands. On a
     /// one-thread runtime nothing else runs until this test yields, so a
     /// port the proc's task would open only later is not open yet: the
@@ -339,34 +389,11 @@ mod tests {
     /// controller waited out its call timeout for the answer.
     #[tokio::test(flavor = "current_thread")]
     async fn a_proc_takes_commands_once_allocate_returns() {
-        let ca = ClusterCa::generate("inproc test").unwrap();
-        let me = ProcId::new("controller").unwrap();
-        let local = "127.0.0.1:0".parse().unwrap();
-        let controller = Endpoint::bind(
-            ca.issue(&me, Role::Controller, Validity::job()).unwrap(),
-            local,
-            EndpointConfig::default(),
-        )
-        .unwrap();
+        let (ca, me, controller) = controller("inproc test");
         let asker = me.actor(names::CONTROLLER, 0).unwrap();
         let mut replies = controller.open_port(asker.port(names::REPLY_PORT)).unwrap();
         let proc = ProcId::new("p0-0").unwrap();
-        let (cert_pem, key_pem, ca_pem) = ca
-            .issue(&proc, Role::Proc, Validity::job())
-            .unwrap()
-            .to_pem();
-        let boot = ProcBoot {
-            proc: proc.clone(),
-            ca_pem,
-            cert_pem,
-            key_pem,
-            bind: local,
-            parent: controller.addr(),
-            owner: controller.addr(),
-            owner_lease: Duration::from_secs(30),
-            endpoint: EndpointConfig::default(),
-            placement: Default::default(),
-        };
+        let boot = boot(&ca, &proc, &controller, None);
         let alloc = InProcAllocator::new();
         let allocated = alloc.allocate(vec![boot]).await.unwrap();
         let commands = proc_port(&proc, names::COMMAND_PORT);
@@ -392,12 +419,101 @@ mod tests {
             .send(&asker, &commands, Generation(0), stop)
             .await
             .unwrap();
-        let answer = tokio::time::timeout(Duration::from_secs(20), replies.recv())
-            .await
-            .expect("an answer within 20 s")
-            .expect("the reply port is open");
-        let reply: ProcReply = answer.decode().unwrap();
+        let reply = answer(&mut replies).await;
         assert_eq!(reply.call, 7);
         assert!(matches!(reply.body, ReplyBody::Stopped), "{:?}", reply.body);
+    }
+
+    /// Relayed commands over the real control plane: a proc certificate
+    /// (not the owner's) hands a proc relays. The proc carries out one its
+    /// owner signed and answers for it; it refuses one signed with another
+    /// key, and the owner's own once it was taken (a replay); each refusal
+    /// is answered for the route, naming the proc.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_proc_takes_relays_its_owner_signed_once_and_no_others() {
+        use crate::relay::{Hop, RelayBody, RelayFrame, RelaySigner};
+        let (ca, _, controller) = controller("relay test");
+        let signer = RelaySigner::new(&crate::entropy::Entropy::os());
+        let proc = ProcId::new("p0-0").unwrap();
+        let boot = boot(&ca, &proc, &controller, Some(signer.public()));
+        let local = "127.0.0.1:0".parse().unwrap();
+        let alloc = InProcAllocator::new();
+        let allocated = alloc.allocate(vec![boot]).await.unwrap();
+        // Another proc of the cluster relays.
+        let peer = ProcId::new("p0-1").unwrap();
+        let relayer = Endpoint::bind(
+            ca.issue(&peer, Role::Proc, Validity::job()).unwrap(),
+            local,
+            EndpointConfig::default(),
+        )
+        .unwrap();
+        relayer.add_route(allocated[0].addr.clone());
+        let from = proc_actor(&peer);
+        let mut replies = relayer.open_port(from.port(names::REPLY_PORT)).unwrap();
+        let route = vec![Hop {
+            rank: 0,
+            addr: allocated[0].addr.clone(),
+        }];
+        let fanout = crate::tree::DEFAULT_FANOUT;
+        let budget = Duration::from_secs(5);
+        let commands = proc_port(&proc, names::COMMAND_PORT);
+        let mut call = 0;
+        let mut relay = async |mut frame: RelayFrame| {
+            call += 1;
+            frame.reply = Some(crate::protocol::ReplyTo {
+                port: replies.port().clone(),
+                call,
+            });
+            relayer
+                .send(&from, &commands, Generation(0), ProcCommand::Relay(frame))
+                .await
+                .unwrap();
+            let reply = answer(&mut replies).await;
+            assert_eq!(reply.call, call);
+            match reply.body {
+                ReplyBody::Relayed(outcome) => outcome,
+                other => panic!("{other:?}"),
+            }
+        };
+        let renew = signer
+            .frame(RelayBody::Renew, route.clone(), fanout, budget)
+            .unwrap();
+        let taken = relay(renew.clone()).await;
+        assert_eq!((taken.done, taken.failed.len()), (1, 0), "{taken:?}");
+        let forger = RelaySigner::new(&crate::entropy::Entropy::os());
+        let forged = forger
+            .frame(RelayBody::Renew, route.clone(), fanout, budget)
+            .unwrap();
+        let refused = relay(forged).await;
+        assert_eq!(refused.done, 0, "{refused:?}");
+        assert_eq!(refused.failed[0].0, proc);
+        assert!(refused.failed[0].1.contains("signature"), "{refused:?}");
+        let replayed = relay(renew).await;
+        assert_eq!(replayed.done, 0, "{replayed:?}");
+        assert!(replayed.failed[0].1.contains("replay"), "{replayed:?}");
+        // Still serving what the owner signs.
+        let update = signer
+            .frame(
+                RelayBody::Update {
+                    mesh: MeshId(9),
+                    change: crate::protocol::MeshChange {
+                        from: Generation(0),
+                        generation: Generation(1),
+                        moved: Vec::new(),
+                    },
+                    restart: None,
+                },
+                route,
+                fanout,
+                budget,
+            )
+            .unwrap();
+        let answered = relay(update).await;
+        // Carried out, and answered for: this proc hosts no mesh 9.
+        assert_eq!(answered.done, 0, "{answered:?}");
+        assert!(
+            answered.failed[0].1.contains("no members here"),
+            "{answered:?}"
+        );
     }
 }

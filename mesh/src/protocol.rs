@@ -17,6 +17,9 @@ use crate::policy::{Decision, FailureCause, MeshFailure, PolicyWire};
 use crate::selection::Selection;
 use crate::shape::Shape;
 
+mod relay;
+pub use relay::{Hop, MAX_RELAY_FAILED, RelayBody, RelayFrame, RelayOutcome, Relayed};
+
 /// The most procs a mesh may have.
 pub const MAX_PROCS: u32 = 1 << 20;
 /// The most members a mesh may have on one proc.
@@ -540,6 +543,10 @@ pub enum ProcCommand {
     Renew,
     /// Stop the proc itself (exit code 0).
     Exit,
+    /// An owner-signed command (spawn, update, renewal) to carry out here
+    /// and forward down the tree (the relay module). Last: the variants
+    /// before it keep their encoding.
+    Relay(RelayFrame),
 }
 
 impl ProcCommand {
@@ -607,6 +614,7 @@ impl ProcCommand {
                 }
             }
             Self::Cast(frame) => frame.validate()?,
+            Self::Relay(frame) => frame.validate()?,
             Self::Stop { .. } | Self::ChildGone { .. } | Self::Renew | Self::Exit => {}
         }
         Ok(())
@@ -645,6 +653,8 @@ pub enum ReplyBody {
     CastPart(Contribution),
     /// A subtree's (last part of its) result.
     Cast(Contribution),
+    /// What came of a relayed command in a subtree.
+    Relayed(RelayOutcome),
 }
 
 impl Message for ProcReply {
@@ -740,6 +750,20 @@ pub fn fuzz_decode_proc_stats(bytes: &[u8]) -> Option<ProcStats> {
 pub fn fuzz_decode_command(bytes: &[u8]) -> Option<ProcCommand> {
     let command: ProcCommand = regent_net::wire::decode_body(bytes).ok()?;
     command.validate().ok()?;
+    if let ProcCommand::Relay(frame) = &command
+        && let Ok(relayed) = regent_net::wire::decode_body::<Relayed>(&frame.signed)
+    {
+        // What a proc decodes and checks once the owner's signature
+        // verifies (which the fuzzer cannot make): the signed command, as
+        // the command this proc runs of it (any port will do: the proc's
+        // own reply port, which the bytes do not carry).
+        if let Some(reply) = &frame.reply {
+            let local = relayed
+                .body
+                .command(frame.route[0].rank, 0, reply.port.clone());
+            let _ = local.validate();
+        }
+    }
     if let ProcCommand::Cast(frame) = &command {
         // What a proc hosting the mesh checks next ([`CastFrame::validate_at`]):
         // the view lies within the mesh, then the selection binds to it. The

@@ -32,6 +32,7 @@ use crate::protocol::{
     CastFrame, CastToken, Collect, Contribution, MeshId, MeshInfo, ProcCommand, ProcReply,
     ReplyBody, encode, names,
 };
+use crate::relay::{self, Hop, RelayBody, RelaySigner};
 use crate::selection::Selection;
 use crate::shape::Shape;
 use crate::tree;
@@ -73,6 +74,8 @@ type Hopped = (u32, ProcId, ProcCommand);
 struct World {
     inboxes: Vec<mpsc::UnboundedSender<Hopped>>,
     pending: HashMap<ProcId, Arc<Pending>>,
+    /// Each proc's rank (its inbox).
+    index: HashMap<ProcId, u32>,
     frames: AtomicU64,
     /// The most hops a cast frame has taken since it was last reset.
     cast_hops: AtomicU32,
@@ -98,27 +101,22 @@ impl Fabric for SimFabric {
         cmd: ProcCommand,
         _: tokio::time::Instant,
     ) -> BoxFuture<'_, Result<(), SendProblem>> {
-        self.world.frames.fetch_add(1, Ordering::Relaxed);
-        self.sent.fetch_add(1, Ordering::Relaxed);
-        let hops = self.hops.load(Ordering::Relaxed).saturating_add(1);
-        if matches!(cmd, ProcCommand::Cast(_)) {
-            self.world.cast_hops.fetch_max(hops, Ordering::Relaxed);
-        } else {
-            // Encoded only to be counted (the channels carry the command):
-            // not the casts, whose bytes no figure reports.
-            let bytes = encode(&cmd).map_or(0, |b| b.len() as u64);
-            self.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.send(proc, cmd)
+    }
+
+    fn send_to(
+        &self,
+        addr: &ProcAddr,
+        cmd: ProcCommand,
+        _: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<(), SendProblem>> {
+        match self.world.index.get(&addr.proc) {
+            Some(&proc) => self.send(proc, cmd),
+            None => {
+                let e = SendProblem::Other(format!("no proc {}", addr.proc));
+                async move { Err(e) }.boxed()
+            }
         }
-        let r = self
-            .world
-            .inboxes
-            .get(proc as usize)
-            .ok_or_else(|| SendProblem::Other(format!("no proc {proc}")))
-            .and_then(|tx| {
-                tx.send((hops, self.me.clone(), cmd))
-                    .map_err(|_| SendProblem::Other(format!("proc {proc} is gone")))
-            });
-        async move { r }.boxed()
     }
 
     fn reply(&self, port: PortId, reply: ProcReply) -> BoxFuture<'_, ()> {
@@ -145,6 +143,33 @@ impl Fabric for SimFabric {
     }
 }
 
+impl SimFabric {
+    /// Sends `cmd` to proc `proc`, counting it.
+    fn send(&self, proc: u32, cmd: ProcCommand) -> BoxFuture<'_, Result<(), SendProblem>> {
+        self.world.frames.fetch_add(1, Ordering::Relaxed);
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        let hops = self.hops.load(Ordering::Relaxed).saturating_add(1);
+        if matches!(cmd, ProcCommand::Cast(_)) {
+            self.world.cast_hops.fetch_max(hops, Ordering::Relaxed);
+        } else {
+            // Encoded only to be counted (the channels carry the command):
+            // not the casts, whose bytes no figure reports.
+            let bytes = encode(&cmd).map_or(0, |b| b.len() as u64);
+            self.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        let r = self
+            .world
+            .inboxes
+            .get(proc as usize)
+            .ok_or_else(|| SendProblem::Other(format!("no proc {proc}")))
+            .and_then(|tx| {
+                tx.send((hops, self.me.clone(), cmd))
+                    .map_err(|_| SendProblem::Other(format!("proc {proc} is gone")))
+            });
+        async move { r }.boxed()
+    }
+}
+
 /// What a simulation measured.
 #[derive(Debug, Clone)]
 pub struct SimReport {
@@ -166,17 +191,23 @@ pub struct SimReport {
     pub frames: u64,
     /// Members that answered the gathering call (each exactly once).
     pub answered: u32,
-    /// The controller's frames and bytes (encoded commands) for the spawn.
+    /// The controller's frames and bytes (encoded commands) for the spawn,
+    /// relayed down the tree.
     pub spawn_sent: (u64, u64),
+    /// The same for a spawn sent to each proc: the baseline.
+    pub spawn_each: (u64, u64),
     /// The controller's frames and bytes for a restart of proc 0's members
-    /// in their proc ([`ProcCommand::Respawn`] there, [`ProcCommand::Update`]
-    /// to every other proc, each with a [`MeshChange`](crate::protocol::MeshChange)).
+    /// in their proc ([`ProcCommand::Respawn`] there, an `Update` with a
+    /// [`MeshChange`](crate::protocol::MeshChange) relayed to every other
+    /// proc).
     pub restart_sent: (u64, u64),
-    /// The bytes the same restart took when every command carried the
-    /// whole [`MeshInfo`] (as before changes): the baseline.
-    pub restart_whole_info_bytes: u64,
-    /// The controller's frames and bytes for one round of lease renewals.
+    /// The same with the update sent to each proc: the baseline.
+    pub restart_each: (u64, u64),
+    /// The controller's frames and bytes for one lease renewal of every
+    /// proc, relayed.
     pub renew_sent: (u64, u64),
+    /// The same sent to each proc: the baseline.
+    pub renew_each: (u64, u64),
     /// Time to spawn every member.
     pub spawn: Duration,
     /// Time for one cast to reach every member's mailbox (acknowledged).
@@ -202,6 +233,8 @@ struct SimWorld {
     ids: Vec<ProcId>,
     fabric: SimFabric,
     root_pending: Arc<Pending>,
+    /// The controller's signing key for relayed commands.
+    signer: RelaySigner,
     tasks: Vec<tokio::task::JoinHandle<Result<(), SimError>>>,
 }
 
@@ -225,12 +258,16 @@ impl SimWorld {
             inboxes.push(tx);
             receivers.push(rx);
         }
+        let index = ids.iter().cloned().zip(0..).collect();
         let world = Arc::new(World {
             inboxes,
             pending,
+            index,
             frames: AtomicU64::new(0),
             cast_hops: AtomicU32::new(0),
         });
+        let signer = RelaySigner::new(&crate::entropy::Entropy::os());
+        let key = signer.public();
         let mut tasks = Vec::with_capacity(procs as usize);
         for (id, mut rx) in ids.iter().cloned().zip(receivers) {
             let fabric = Arc::new(SimFabric::new(&world, id.clone()));
@@ -245,6 +282,7 @@ impl SimWorld {
                     sim_types,
                     crate::entropy::Entropy::os(),
                 );
+                rt.trust(Some(key));
                 while let Some((hops, sender, cmd)) = rx.recv().await {
                     fabric.hops.store(hops, Ordering::Relaxed);
                     // The root is the owner; procs only forward casts.
@@ -265,6 +303,7 @@ impl SimWorld {
             ids,
             fabric,
             root_pending,
+            signer,
             tasks,
         })
     }
@@ -316,39 +355,66 @@ impl SimWorld {
         Ok(answer)
     }
 
-    /// Spawns the mesh's members on every proc.
-    async fn spawn(&self, info: &MeshInfo) -> Result<(), SimError> {
-        let args = encode(&()).map_err(err)?;
-        let mut answers = Vec::with_capacity(self.ids.len());
-        for rank in 0..self.ids.len() as u32 {
-            answers.push(
-                self.request(info, rank, |call, reply_to| ProcCommand::Spawn {
-                    call,
-                    reply_to,
-                    info: info.clone(),
-                    proc_rank: rank,
-                    args: args.clone(),
-                    start: None,
-                })
-                .await?,
-            );
-        }
-        for a in answers {
-            match a.await.map_err(err)? {
-                ReplyBody::Spawned(Ok(())) => {}
-                other => return Err(SimError(format!("spawn failed: {other:?}"))),
-            }
+    /// Relays `body`, signed, to the procs `ranks` of `info` as the
+    /// controller does; checks that every one carried it out.
+    async fn relay(&self, info: &MeshInfo, ranks: &[u32], body: RelayBody) -> Result<(), SimError> {
+        let route = ranks
+            .iter()
+            .map(|&rank| Hop {
+                rank,
+                addr: info.procs[rank as usize].clone(),
+            })
+            .collect();
+        let frame = self
+            .signer
+            .frame(body, route, info.fanout, Duration::from_secs(120))
+            .map_err(err)?;
+        let o = relay::spread(&self.fabric, &self.root_pending, &frame, true, None).await;
+        if !o.all_done() || o.done as usize != ranks.len() {
+            return Err(SimError(format!(
+                "relayed to {} of {} procs; failed: {:?}",
+                o.done,
+                ranks.len(),
+                o.failed.first()
+            )));
         }
         Ok(())
     }
 
+    /// Spawns the mesh's members on every proc, down the tree. The
+    /// controller's frames and bytes for the same spawn sent to each proc
+    /// (the baseline).
+    async fn spawn(&self, info: &MeshInfo) -> Result<(u64, u64), SimError> {
+        let args = encode(&()).map_err(err)?;
+        let every: Vec<u32> = (0..info.proc_count()).collect();
+        let body = RelayBody::Spawn {
+            info: Box::new(info.clone()),
+            args: args.clone(),
+            start: None,
+        };
+        self.relay(info, &every, body).await?;
+        let mut each = 0;
+        for proc_rank in every {
+            let cmd = ProcCommand::Spawn {
+                call: u64::from(proc_rank),
+                reply_to: self.fabric.reply_port(),
+                info: info.clone(),
+                proc_rank,
+                args: args.clone(),
+                start: None,
+            };
+            each += encode(&cmd).map_err(err)?.len() as u64;
+        }
+        Ok((u64::from(info.proc_count()), each))
+    }
+
     /// Restarts proc 0's members in their proc as the controller does:
-    /// `Respawn` there and `Update` to every other proc, each with the
-    /// change from generation `info.generation` (nothing moved); checks the
-    /// answers. The mesh in its new generation, and the bytes the same
-    /// commands would take more, each, with the whole mesh in place of its
-    /// change.
-    async fn restart_proc_0(&self, info: &MeshInfo) -> Result<(MeshInfo, u64), SimError> {
+    /// `Respawn` there, and an `Update` relayed down the tree of every other
+    /// proc, with the change from generation `info.generation` (nothing
+    /// moved); checks the answers. The mesh in its new generation, and the
+    /// controller's frames and bytes for the same commands sent to each
+    /// proc (the baseline).
+    async fn restart_proc_0(&self, info: &MeshInfo) -> Result<(MeshInfo, (u64, u64)), SimError> {
         let mut next = info.clone();
         next.generation = Generation(info.generation.0 + 1);
         let change = crate::protocol::MeshChange {
@@ -366,47 +432,52 @@ impl SimWorld {
                 .map(|&r| (r, info.per_proc.min(info.members() - 1)))
                 .collect(),
         };
-        let whole = encode(&next).map_err(err)?.len() as u64;
-        let mut answers = Vec::with_capacity(self.ids.len());
-        let mut change_bytes = 0;
-        for rank in 0..self.ids.len() as u32 {
-            let answer = self
-                .request(&next, rank, |call, reply_to| {
-                    let cmd = if rank == 0 {
-                        ProcCommand::Respawn {
-                            call,
-                            reply_to,
-                            mesh: next.id,
-                            change: change.clone(),
-                            ranks: ranks.clone(),
-                            args: encode(&()).unwrap_or_default(),
-                            restart: restart.clone(),
-                        }
-                    } else {
-                        ProcCommand::Update {
-                            call,
-                            reply_to,
-                            mesh: next.id,
-                            change: change.clone(),
-                            restart: Some(restart.clone()),
-                        }
-                    };
-                    change_bytes = encode(&change).map_or(0, |b| b.len() as u64);
-                    cmd
-                })
-                .await?;
-            answers.push(answer);
+        let respawn = self
+            .request(&next, 0, |call, reply_to| ProcCommand::Respawn {
+                call,
+                reply_to,
+                mesh: next.id,
+                change: change.clone(),
+                ranks: ranks.clone(),
+                args: encode(&()).unwrap_or_default(),
+                restart: restart.clone(),
+            })
+            .await?;
+        let others: Vec<u32> = (1..next.proc_count()).collect();
+        let update = RelayBody::Update {
+            mesh: next.id,
+            change: change.clone(),
+            restart: Some(restart.clone()),
+        };
+        self.relay(&next, &others, update).await?;
+        match respawn.await.map_err(err)? {
+            ReplyBody::Spawned(Ok(())) => {}
+            other => return Err(SimError(format!("restart failed: {other:?}"))),
         }
-        for a in answers {
-            match a.await.map_err(err)? {
-                ReplyBody::Updated | ReplyBody::Spawned(Ok(())) => {}
-                other => return Err(SimError(format!("restart failed: {other:?}"))),
-            }
+        // The baseline: the respawn, and an update to each other proc.
+        let mut each = 0;
+        for rank in others {
+            let cmd = ProcCommand::Update {
+                call: u64::from(rank),
+                reply_to: self.fabric.reply_port(),
+                mesh: next.id,
+                change: change.clone(),
+                restart: Some(restart.clone()),
+            };
+            each += encode(&cmd).map_err(err)?.len() as u64;
         }
-        // Each command with the whole mesh in place of its change and the
-        // mesh's id (which the whole mesh carries).
-        let id = encode(&next.id).map_err(err)?.len() as u64;
-        Ok((next, whole.saturating_sub(change_bytes + id)))
+        let respawn = ProcCommand::Respawn {
+            call: 0,
+            reply_to: self.fabric.reply_port(),
+            mesh: next.id,
+            change,
+            ranks,
+            args: encode(&()).unwrap_or_default(),
+            restart,
+        };
+        each += encode(&respawn).map_err(err)?.len() as u64;
+        let frames = u64::from(next.proc_count());
+        Ok((next, (frames, each)))
     }
 
     /// A cast of `7` from the root to every member of `info` (in its
@@ -505,21 +576,18 @@ pub async fn simulate(
     };
     let minus = |(a, b): (u64, u64), (c, d): (u64, u64)| (a - c, b - d);
     let t = Instant::now();
-    sim.spawn(&info).await?;
+    let spawn_each = sim.spawn(&info).await?;
     let spawn = t.elapsed();
     let spawn_sent = sent(&sim.fabric);
     let before = spawn_sent;
-    let (info, whole_more) = sim.restart_proc_0(&info).await?;
+    let (info, restart_each) = sim.restart_proc_0(&info).await?;
     let restart_sent = minus(sent(&sim.fabric), before);
-    let restart_whole_info_bytes = restart_sent.1 + whole_more * u64::from(procs);
     let before = sent(&sim.fabric);
-    for rank in 0..procs {
-        sim.fabric
-            .command(&info, rank, ProcCommand::Renew, tokio::time::Instant::now())
-            .await
-            .map_err(err)?;
-    }
+    let every: Vec<u32> = (0..procs).collect();
+    sim.relay(&info, &every, RelayBody::Renew).await?;
     let renew_sent = minus(sent(&sim.fabric), before);
+    let renew_bytes = encode(&ProcCommand::Renew).map_err(err)?.len() as u64;
+    let renew_each = (u64::from(procs), renew_bytes * u64::from(procs));
     let budget = Duration::from_secs(120);
     let world = &sim.world;
     let fabric = &sim.fabric;
@@ -577,9 +645,11 @@ pub async fn simulate(
         controller_frames,
         frames,
         spawn_sent,
+        spawn_each,
         restart_sent,
-        restart_whole_info_bytes,
+        restart_each,
         renew_sent,
+        renew_each,
         answered: gathered.values.len() as u32,
         spawn,
         cast,
@@ -740,6 +810,28 @@ mod tests {
         assert!(r.controller_frames <= 16, "{r:?}");
         // Each proc receives the cast once: one frame per proc.
         assert_eq!(r.frames, 625, "{r:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spawn_restart_and_renewal_cost_the_controller_a_fanout_of_frames() {
+        let fanout = NonZeroU32::new(16).unwrap();
+        let r = simulate(625, 16, fanout).await.unwrap();
+        // Relayed down the tree: at most one frame per top-level subtree
+        // (and the restart's one respawn), where each proc took one.
+        assert_eq!(r.spawn_sent.0, 16, "{r:?}");
+        assert_eq!(r.restart_sent.0, 1 + 16, "{r:?}");
+        assert_eq!(r.renew_sent.0, 16, "{r:?}");
+        assert_eq!(
+            (r.spawn_each.0, r.restart_each.0, r.renew_each.0),
+            (625, 625, 625)
+        );
+        // A spawn's frames carry the mesh (every proc) and their subtree's
+        // route: the controller sends the mesh 16 times, not 625.
+        assert!(r.spawn_sent.1 * 20 < r.spawn_each.1, "{r:?}");
+        // A renewal is signed (64 bytes and the command) and names every
+        // proc once in its routes: a few times the bytes of bare renewals,
+        // in 16 frames where they took 625.
+        assert!(r.renew_sent.1 < 40 * r.renew_each.1, "{r:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

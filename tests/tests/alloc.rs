@@ -171,6 +171,7 @@ impl Controller {
                     owner_lease: Duration::from_secs(10),
                     endpoint: Default::default(),
                     placement: Default::default(),
+                    owner_key: None,
                 }
             })
             .collect()

@@ -878,6 +878,76 @@ fn procs_stop_themselves_when_their_owners_lease_lapses() {
     println!("procs stopped themselves {waited:?} after their owner fell silent (lease 2 s)");
 }
 
+/// Lease renewals go down a tree of the procs, relayed by procs and signed
+/// by the owner (`docs/semantics.md` §4.1). A relaying proc that is silent
+/// must not cut its subtree off: with fan-out 2 over 7 procs, proc 0 relays
+/// the renewals of procs 1..4. It is paused (SIGSTOP) for two leases, with
+/// a failure timeout past that, so the controller still counts it alive;
+/// its subtree's procs keep their leases (the relay reports them missed
+/// and the controller renews them directly), and their members answer in
+/// their first life. (Proc 0 itself may find its lease lapsed when it
+/// resumes, before it reads what came meanwhile: its fate is not checked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_relaying_proc_does_not_cut_its_subtree_off_renewals() {
+    let endpoint = EndpointConfig {
+        failure_timeout: Duration::from_secs(20),
+        ..EndpointConfig::default()
+    };
+    let config = Cluster::config()
+        .fanout(std::num::NonZeroU32::new(2).unwrap())
+        .endpoint(endpoint);
+    let c = Cluster::start_with(7, config).await;
+    let mesh = c.spawn("subtree", 1, SpawnOptions::default()).await;
+    let first = whoami(&mesh).await;
+    assert!(first.iter().all(|(_, generation, _)| *generation == 0));
+    let pids: Vec<u32> = (0..7).map(|p| c.pid_of(&mesh, p)).collect();
+    let relayer = nix::unistd::Pid::from_raw(pids[0] as i32);
+    nix::sys::signal::kill(relayer, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    tokio::time::sleep(2 * LEASE).await;
+    let lapsed: Vec<usize> = (1..7).filter(|&p| !alive(pids[p])).collect();
+    nix::sys::signal::kill(relayer, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(
+        lapsed.is_empty(),
+        "procs {lapsed:?} stopped while their relaying proc was paused"
+    );
+    // A cast to procs 1..7 passes through proc 0 (the head of 0..4): if
+    // proc 0 ends as it resumes, a cast in flight then fails there, and the
+    // next goes around it.
+    let deadline = Instant::now() + DEADLINE;
+    let replies = loop {
+        match mesh
+            .call(&"procs=1..7".parse().unwrap(), &Op::Whoami)
+            .await
+            .unwrap()
+            .into_result()
+        {
+            Ok(replies) => break replies,
+            Err(e) if Instant::now() < deadline => {
+                println!("retrying the call: {e:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("the subtree's members did not answer: {e:?}"),
+        }
+    };
+    let after: Vec<(u32, u64, u32)> = replies
+        .into_iter()
+        .map(|(_, reply)| match reply {
+            Reply::Me {
+                rank,
+                generation,
+                pid,
+            } => (rank, generation, pid),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        after,
+        first[1..],
+        "the subtree's members in their first life"
+    );
+    c.finish().await;
+}
+
 /// A cluster of `procs` procs whose members log (`RUST_LOG` for the test
 /// actors) and whose controller prints their lines in `mode`.
 /// The controller's tasks run on a thread of their own

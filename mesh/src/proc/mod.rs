@@ -17,6 +17,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use regent_net::{ActorId, Endpoint, PortId, ProcId};
 use regent_rdma::BufferManager;
 use tokio::sync::mpsc;
@@ -30,6 +31,7 @@ use crate::protocol::{
     CastFrame, Contribution, MeshId, ProcCommand, ProcReply, ProcStats, ReplyBody, names,
 };
 use crate::registry::ActorTypes;
+use crate::relay::{self, OwnerKey, RelayBody, RelayFrame, RelayGate, RelayOutcome};
 use crate::selection::Selected;
 use crate::shape::Rank;
 
@@ -88,6 +90,9 @@ pub struct ProcSetup {
     pub owner: ProcId,
     /// How long it runs without hearing from the owner.
     pub owner_lease: Duration,
+    /// The owner's key: commands relayed by other procs must carry its
+    /// signature (`None`: none is taken).
+    pub owner_key: Option<OwnerKey>,
     /// Its payload plane (members reach it through `Member::buffers`).
     pub buffers: Option<Arc<BufferManager>>,
     /// Whether each member life runs on a thread of its own (a current-thread
@@ -115,6 +120,11 @@ pub(crate) struct ProcRuntime {
     /// capability).
     refused: u64,
     types: ActorTypes,
+    /// Checks relayed commands: the owner's key, replays.
+    gate: RelayGate,
+    /// Whether a command the owner signed came since this was last taken
+    /// (`Some(true)`: a renewal).
+    owner_heard: Option<bool>,
 }
 
 impl ProcRuntime {
@@ -157,7 +167,22 @@ impl ProcRuntime {
             stuck_rx,
             refused: 0,
             types,
+            gate: RelayGate::new(None),
+            owner_heard: None,
         }
+    }
+
+    /// Takes relayed commands signed with `key` (the owner's, from the
+    /// boot); without one, none.
+    pub(crate) fn trust(&mut self, key: Option<OwnerKey>) {
+        self.gate = RelayGate::new(key);
+    }
+
+    /// Whether a relayed command the owner signed was taken since the last
+    /// call (`Some(true)`: a renewal): the owner is alive, as when it
+    /// commands directly.
+    pub(crate) fn take_owner_heard(&mut self) -> Option<bool> {
+        std::mem::take(&mut self.owner_heard)
     }
 
     /// A member did not end after it was killed, if one did not.
@@ -191,11 +216,16 @@ impl ProcRuntime {
             tracing::warn!(from = %sender, error = %e, "an invalid command refused");
             return None;
         }
-        if !from_owner && !matches!(cmd, ProcCommand::Cast(_)) {
-            self.refused += 1;
-            tracing::warn!(from = %sender, refused = self.refused, "a command from another than the owner refused");
-            return None;
-        }
+        let cmd = match cmd {
+            ProcCommand::Relay(frame) => self.relay(frame, sender)?,
+            ProcCommand::Cast(_) => cmd,
+            cmd if from_owner => cmd,
+            _ => {
+                self.refused += 1;
+                tracing::warn!(from = %sender, refused = self.refused, "a command from another than the owner refused");
+                return None;
+            }
+        };
         match cmd {
             ProcCommand::Spawn {
                 call,
@@ -417,9 +447,88 @@ impl ProcRuntime {
                 None => self.reply(reply_to, call, ReplyBody::Decided(None)),
             },
             ProcCommand::Renew => {}
+            // Relayed commands carry none (`relay` gives what it carries).
+            ProcCommand::Relay(_) => {}
             ProcCommand::Exit => return Some(ProcExit::Requested),
         }
         None
+    }
+
+    /// Takes a relayed command if the owner signed it and it was not taken
+    /// before: forwards it down its route, and returns what this proc does
+    /// of it (`None` for a renewal), whose answer joins the subtree's
+    /// outcome. A refused one is answered for its whole route.
+    fn relay(&mut self, frame: RelayFrame, sender: &ProcId) -> Option<ProcCommand> {
+        let me = self.fabric.proc().clone();
+        let admitted = self.gate.admit(&frame).and_then(|body| {
+            let head = &frame.route[0].addr.proc;
+            if *head == me {
+                Ok(body)
+            } else {
+                Err(format!("the route's head is {head}, not this proc"))
+            }
+        });
+        let body = match admitted {
+            Ok(body) => body,
+            Err(e) => {
+                self.refused += 1;
+                tracing::warn!(from = %sender, error = %e, refused = self.refused, "a relayed command refused");
+                if let Some(to) = frame.reply {
+                    let mut out = RelayOutcome::default();
+                    out.fail_all(&frame.route, &format!("refused by {me}: {e}"));
+                    self.reply(to.port, to.call, ReplyBody::Relayed(out));
+                }
+                return None;
+            }
+        };
+        self.owner_heard = Some(matches!(body, RelayBody::Renew));
+        let pending = self.services.pending.clone();
+        // This proc's part: a renewal is done when taken; a spawn or update
+        // answers this proc's own reply port.
+        let (local, answer): (_, BoxFuture<'static, Result<(), String>>) = match body {
+            RelayBody::Renew => (None, Box::pin(async { Ok(()) })),
+            body => {
+                let (call, rx) = pending.request(&me);
+                let reply_to = self.fabric.reply_port();
+                let cmd = body.command(frame.route[0].rank, call, reply_to);
+                match cmd.validate() {
+                    Ok(()) => (
+                        Some(cmd),
+                        Box::pin(async move {
+                            match rx.await {
+                                Ok(ReplyBody::Spawned(Ok(())) | ReplyBody::Updated) => Ok(()),
+                                Ok(ReplyBody::Spawned(Err(e))) => Err(e),
+                                Ok(_) => Err("an answer of another kind".to_owned()),
+                                Err(_) => Err("the command was dropped".to_owned()),
+                            }
+                        }),
+                    ),
+                    Err(e) => {
+                        pending.forget(call);
+                        let why = format!("an invalid command: {e}");
+                        (None, Box::pin(async move { Err(why) }))
+                    }
+                }
+            }
+        };
+        let fabric = self.fabric.clone();
+        tokio::spawn(async move {
+            let replies = frame.reply.is_some();
+            let out = relay::spread(&*fabric, &pending, &frame, replies, Some(answer)).await;
+            if let Some(to) = frame.reply {
+                let body = ReplyBody::Relayed(out);
+                fabric
+                    .reply(
+                        to.port,
+                        ProcReply {
+                            call: to.call,
+                            body,
+                        },
+                    )
+                    .await;
+            }
+        });
+        local
     }
 
     fn actor_type_known(&self, name: &str) -> Result<(), String> {
@@ -589,6 +698,7 @@ where
         endpoint,
         owner,
         owner_lease,
+        owner_key,
         buffers,
         member_threads,
         seed,
@@ -633,6 +743,7 @@ where
         crate::registry::actor_type,
         Entropy::from_seed(seed),
     );
+    rt.trust(owner_key);
     ready.await.map_err(ProcError::Ready)?;
     tracing::info!(proc = %endpoint.proc(), "proc ready");
     let mut lease = tokio::time::Instant::now() + owner_lease;
@@ -670,6 +781,14 @@ where
         }
         if let Some(exit) = rt.handle(cmd, from_owner, &sender).await {
             break exit;
+        }
+        if let Some(renewal) = rt.take_owner_heard() {
+            // A command the owner signed, relayed by another proc: the
+            // owner is alive.
+            lease = tokio::time::Instant::now() + owner_lease;
+            if renewal && let Some(stats) = &mut stats {
+                stats.send(&endpoint, &fabric.me);
+            }
         }
         // Checked after every command too: a stream of other procs' casts
         // keeps the command branch ready and must not hide a lapsed lease.

@@ -1,14 +1,15 @@
 //! The procs a controller keeps alive (it renews their leases) and those it
 //! gave up on (zombies if they come back: they are told to exit).
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Mutex, Weak};
 
-use regent_net::{Generation, ProcId};
+use regent_net::{Generation, ProcAddr, ProcId};
 
 use super::Inner;
 use crate::fabric::proc_port;
 use crate::protocol::{ProcCommand, names};
+use crate::relay::{Hop, RelayBody};
 
 /// The bound on remembered abandoned procs; the oldest are forgotten first
 /// (by then they have long exited: a proc stops itself when its lease
@@ -19,17 +20,17 @@ const MAX_ABANDONED: usize = 1 << 16;
 pub(super) struct Leases {
     /// Procs whose lease the controller renews (ordered: renewals go out
     /// in a fixed order).
-    leased: Mutex<BTreeSet<ProcId>>,
+    leased: Mutex<BTreeMap<ProcId, ProcAddr>>,
     /// Procs given up on (dead, or unreachable: zombies if they come back).
     abandoned: Mutex<(HashSet<ProcId>, VecDeque<ProcId>)>,
 }
 
 impl Leases {
-    pub(super) fn lease(&self, proc: &ProcId) {
+    pub(super) fn lease(&self, proc: &ProcAddr) {
         self.leased
             .lock()
             .expect("leased lock")
-            .insert(proc.clone());
+            .insert(proc.proc.clone(), proc.clone());
     }
 
     pub(super) fn release(&self, proc: &ProcId) {
@@ -37,7 +38,7 @@ impl Leases {
     }
 
     pub(super) fn is_leased(&self, proc: &ProcId) -> bool {
-        self.leased.lock().expect("leased lock").contains(proc)
+        self.leased.lock().expect("leased lock").contains_key(proc)
     }
 
     pub(super) fn count(&self) -> usize {
@@ -65,27 +66,69 @@ impl Leases {
             .contains(proc)
     }
 
-    fn leased(&self) -> Vec<ProcId> {
+    fn leased(&self) -> Vec<ProcAddr> {
         self.leased
             .lock()
             .expect("leased lock")
-            .iter()
+            .values()
             .cloned()
             .collect()
     }
 }
 
-/// Renews the lease of every leased proc every third of the lease.
-pub(super) async fn renew(inner: Weak<Inner>) {
-    let period = match inner.upgrade() {
+/// Renews the lease of every leased proc every third of the lease: one
+/// renewal signed by the owner, relayed down a tree of the procs (at most
+/// the fan-out's frames from here). A proc whose subtree did not answer
+/// within half a period is renewed directly.
+pub(super) async fn renew(weak: Weak<Inner>) {
+    let period = match weak.upgrade() {
         Some(i) => i.config.owner_lease / 3,
         None => return,
     };
     loop {
         tokio::time::sleep(period).await;
-        let Some(inner) = inner.upgrade() else { return };
-        for p in inner.leases.leased() {
-            renew_one(&inner, &p);
+        // The runtime is held only while it signs and after the outcome:
+        // a dropped runtime is not kept for a renewal's budget.
+        let (frame, fabric, pending) = {
+            let Some(inner) = weak.upgrade() else { return };
+            let route: Vec<Hop> = inner
+                .leases
+                .leased()
+                .into_iter()
+                .map(|addr| Hop { rank: 0, addr })
+                .collect();
+            if route.is_empty() {
+                continue;
+            }
+            let signed =
+                inner
+                    .signer
+                    .frame(RelayBody::Renew, route, inner.config.fanout, period / 2);
+            match signed {
+                Ok(frame) => (frame, inner.fabric.clone(), inner.pending.clone()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "renewal not signed; renewing each proc");
+                    for p in inner.leases.leased() {
+                        renew_one(&inner, &p.proc);
+                    }
+                    continue;
+                }
+            }
+        };
+        let outcome = crate::relay::spread(&*fabric, &pending, &frame, true, None).await;
+        drop((fabric, pending));
+        let Some(inner) = weak.upgrade() else { return };
+        if outcome.more_failed > 0 {
+            for p in inner.leases.leased() {
+                renew_one(&inner, &p.proc);
+            }
+        } else {
+            for (p, why) in &outcome.failed {
+                if inner.leases.is_leased(p) && !inner.fabric.lost.contains(p) {
+                    tracing::debug!(proc = %p, %why, "relayed renewal missed; renewing directly");
+                    renew_one(&inner, p);
+                }
+            }
         }
     }
 }

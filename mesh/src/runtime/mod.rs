@@ -68,6 +68,8 @@ struct Inner {
     next_proc: AtomicU64,
     /// Where cast tokens and the seeds of the controller's casts come from.
     entropy: Arc<Entropy>,
+    /// Signs the commands relayed down trees of procs.
+    signer: crate::relay::RelaySigner,
     /// What the references of each live mesh share (its supervisor's
     /// signals among them). Ordered, as are the other maps here: signals to
     /// every mesh go out in a fixed order.
@@ -211,6 +213,7 @@ impl Runtime {
                 caster,
                 next_mesh: AtomicU64::new(0),
                 next_proc: AtomicU64::new(0),
+                signer: crate::relay::RelaySigner::new(&entropy),
                 entropy,
                 meshes: Mutex::new(BTreeMap::new()),
                 owned: Mutex::new(BTreeMap::new()),
@@ -428,12 +431,13 @@ impl Runtime {
                 owner_lease: self.inner.config.owner_lease,
                 endpoint: self.inner.config.proc_endpoint(),
                 placement,
+                owner_key: Some(self.inner.signer.public()),
             });
         }
         let procs = allocator.allocate(boots).await?;
         for p in &procs {
             self.endpoint().add_route(p.addr.clone());
-            self.inner.leases.lease(&p.proc);
+            self.inner.leases.lease(&p.addr);
         }
         Ok(procs)
     }
@@ -772,6 +776,25 @@ impl Runtime {
                 () = &mut changed => {}
             }
         }
+    }
+
+    /// Signs `body` and relays it down the tree over `route` (at most the
+    /// fan-out's frames from here); with `replies`, waits up to `budget`
+    /// for every proc's outcome.
+    pub(crate) async fn relay(
+        &self,
+        route: Vec<crate::relay::Hop>,
+        body: crate::relay::RelayBody,
+        budget: std::time::Duration,
+        replies: bool,
+    ) -> Result<crate::relay::RelayOutcome, MeshError> {
+        let frame = self
+            .inner
+            .signer
+            .frame(body, route, self.inner.config.fanout, budget)
+            .map_err(MeshError::Encode)?;
+        let fabric = &*self.inner.fabric;
+        Ok(crate::relay::spread(fabric, &self.inner.pending, &frame, replies, None).await)
     }
 
     /// Tells a proc to exit, without waiting.

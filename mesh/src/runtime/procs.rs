@@ -27,6 +27,7 @@ use crate::actor::MeshActor;
 use crate::actor_mesh::ActorMesh;
 use crate::alloc::{AllocatedProc, Allocator, Placement};
 use crate::protocol::{MeshInfo, ProcCommand, ReplyBody, Restart, encode};
+use crate::relay::{Hop, RelayBody};
 use crate::shape::Shape;
 
 /// The name of the dimension an [`ActorMesh`] adds to its proc mesh's shape
@@ -501,12 +502,14 @@ pub(super) async fn spawn_mesh(
         token: rt.cast_token(),
     };
     info.validate().map_err(MeshError::Encode)?;
-    let spawns = on
-        .iter()
-        .enumerate()
-        .map(|(rank, addr)| spawn_on(rt, &info, rank as u32, &addr.proc, &spec.args, None));
-    let results = join_all(spawns).await;
-    let failed = results.into_iter().find_map(Result::err);
+    let every: Vec<u32> = (0..info.proc_count()).collect();
+    let body = RelayBody::Spawn {
+        info: Box::new(info.clone()),
+        args: spec.args.clone(),
+        start: None,
+    };
+    let results = relay_to(rt, &info, &every, body).await;
+    let failed = results.into_iter().find_map(|(_, r)| r.err());
     let shared = supervise::start(supervise::Setup {
         rt: rt.clone(),
         info,
@@ -519,6 +522,58 @@ pub(super) async fn spawn_mesh(
         return Err(err);
     }
     Ok(shared)
+}
+
+/// Relays `body` (signed) down the tree over the procs `ranks` of `info`
+/// and gives each rank's result, in the order of `ranks`.
+pub(super) async fn relay_to(
+    rt: &Runtime,
+    info: &MeshInfo,
+    ranks: &[u32],
+    body: RelayBody,
+) -> Vec<(u32, Result<(), MeshError>)> {
+    if ranks.is_empty() {
+        return Vec::new();
+    }
+    let proc_of = |r: u32| &info.procs[r as usize];
+    let route = ranks
+        .iter()
+        .map(|&rank| Hop {
+            rank,
+            addr: proc_of(rank).clone(),
+        })
+        .collect();
+    let error = |rank: u32, message: String| MeshError::Spawn {
+        mesh: info.name.clone(),
+        proc: proc_of(rank).proc.clone(),
+        message,
+    };
+    let outcome = match rt.relay(route, body, rt.config().call_timeout, true).await {
+        Ok(o) => o,
+        Err(e) => {
+            let why = format!("not relayed: {e}");
+            return ranks
+                .iter()
+                .map(|&r| (r, Err(error(r, why.clone()))))
+                .collect();
+        }
+    };
+    let unnamed = outcome.more_failed;
+    let mut failed: std::collections::HashMap<ProcId, String> =
+        outcome.failed.into_iter().collect();
+    ranks
+        .iter()
+        .map(|&r| match failed.remove(&proc_of(r).proc) {
+            Some(why) => (r, Err(error(r, why))),
+            // Past the outcome's bound failures are only counted: any proc
+            // not named may be one of them.
+            None if unnamed > 0 => (
+                r,
+                Err(error(r, format!("one of {unnamed} failures not named"))),
+            ),
+            None => (r, Ok(())),
+        })
+        .collect()
 }
 
 /// Spawns proc `rank`'s members of a mesh on `proc`.

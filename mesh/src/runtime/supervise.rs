@@ -20,13 +20,14 @@ use regent_net::{Generation, ProcId};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use super::mesh::{FailureHook, MeshShared, SpawnOptions, SuperviseHook};
-use super::procs::{MeshSpec, ProcSlots, spawn_mesh, spawn_on, spawned};
+use super::procs::{MeshSpec, ProcSlots, relay_to, spawn_mesh, spawn_on, spawned};
 use super::{MeshError, Runtime};
 use crate::alloc::ProcEvent;
 use crate::policy::{FailureCause, MeshAction, MeshEvent, MeshFailure, MeshMachine, MeshStatus};
 use crate::protocol::{
     MemberExited, MeshChange, MeshId, MeshInfo, ProcCommand, ReplyBody, Restart, SpawnChild,
 };
+use crate::relay::RelayBody;
 use crate::shape::Rank;
 
 /// The bound on queued failure observations per mesh.
@@ -118,7 +119,7 @@ impl Views {
     /// What proc rank `rank` needs to hold `info`: the procs moved since
     /// the generation it knows.
     fn change_for(&self, rank: u32, info: &MeshInfo) -> MeshChange {
-        let from = self.known.get(rank as usize).copied().unwrap_or_default();
+        let from = self.known_by(rank);
         let moved = self
             .moved_at
             .iter()
@@ -131,6 +132,12 @@ impl Views {
             generation: info.generation,
             moved,
         }
+    }
+
+    /// The generation whose procs proc rank `rank` is known to hold: its
+    /// change starts there.
+    fn known_by(&self, rank: u32) -> Generation {
+        self.known.get(rank as usize).copied().unwrap_or_default()
     }
 
     /// Takes the procs' answers to the commands of a restart into
@@ -817,11 +824,8 @@ impl Supervisor {
             self.views.moved(rank, info.generation);
         }
         // Procs that host the mesh learn what changed since they last
-        // learned it, not every proc again.
-        let changes: Vec<MeshChange> = (0..info.proc_count())
-            .map(|rank| self.views.change_for(rank, &info))
-            .collect();
-        let changes_ref = &changes;
+        // learned it (`Views::change_for`), not every proc again.
+        let views = &self.views;
         let mut by_proc: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for &r in &restart.ranks {
             by_proc.entry(r / info.per_proc).or_default().push(r);
@@ -844,50 +848,51 @@ impl Supervisor {
                 (rank, r)
             }
         });
-        let (mut enrolls, mut respawns) = (Vec::new(), Vec::new());
+        // Procs that only enroll get the change down a tree, one relay per
+        // distinct change. A proc's change follows from the generation it
+        // knows: all share one unless some missed a change before.
+        let mut enrolls: BTreeMap<Generation, Vec<u32>> = BTreeMap::new();
+        let mut respawns = Vec::new();
         for (rank, addr) in info.procs.iter().enumerate() {
             let rank = rank as u32;
             if fresh.contains(&rank) {
                 continue;
             }
+            let Some(ranks) = by_proc.get(&rank).cloned() else {
+                enrolls.entry(views.known_by(rank)).or_default().push(rank);
+                continue;
+            };
+            let change = views.change_for(rank, info_ref);
             let proc = addr.proc.clone();
-            let respawn = by_proc.get(&rank).cloned();
-            let respawns_here = respawn.is_some();
-            let command = async move {
+            respawns.push(async move {
                 let reply_to = rt.reply_port();
                 let body = rt
                     .request(
                         &proc,
-                        |call| match respawn {
-                            Some(ranks) => ProcCommand::Respawn {
-                                call,
-                                reply_to,
-                                mesh: info_ref.id,
-                                change: changes_ref[rank as usize].clone(),
-                                ranks,
-                                args: args.clone(),
-                                restart: restart_ref.clone(),
-                            },
-                            None => ProcCommand::Update {
-                                call,
-                                reply_to,
-                                mesh: info_ref.id,
-                                change: changes_ref[rank as usize].clone(),
-                                restart: Some(restart_ref.clone()),
-                            },
+                        |call| ProcCommand::Respawn {
+                            call,
+                            reply_to,
+                            mesh: info_ref.id,
+                            change,
+                            ranks,
+                            args: args.clone(),
+                            restart: restart_ref.clone(),
                         },
                         &info_ref.name,
                     )
                     .await;
                 (rank, body.and_then(|body| spawned(body, info_ref, &proc)))
-            };
-            if respawns_here {
-                respawns.push(command);
-            } else {
-                enrolls.push(command);
-            }
+            });
         }
-        let enrolled = join_all(enrolls).await;
+        let enrolls = enrolls.into_values().map(|ranks| {
+            let body = RelayBody::Update {
+                mesh: info_ref.id,
+                change: views.change_for(ranks[0], info_ref),
+                restart: Some(restart_ref.clone()),
+            };
+            async move { relay_to(rt, info_ref, &ranks, body).await }
+        });
+        let enrolled: Vec<_> = join_all(enrolls).await.into_iter().flatten().collect();
         let (a, b) = futures::join!(join_all(spawns), join_all(respawns));
         let generation = info.generation;
         *self.shared.info.write().expect("mesh info lock") = Arc::new(info);
@@ -901,19 +906,13 @@ impl Supervisor {
         let mut info = (*self.shared.info()).clone();
         info.generation = restart.generation;
         self.replace(&mut info, replace).await?;
-        let rt = &self.rt;
-        let args = &self.args;
-        let spawns = info.procs.iter().enumerate().map(|(rank, a)| {
-            let (info, restart) = (&info, &restart);
-            async move {
-                let rank = rank as u32;
-                (
-                    rank,
-                    spawn_on(rt, info, rank, &a.proc, args, Some(restart)).await,
-                )
-            }
-        });
-        let results = join_all(spawns).await;
+        let every: Vec<u32> = (0..info.proc_count()).collect();
+        let body = RelayBody::Spawn {
+            info: Box::new(info.clone()),
+            args: self.args.clone(),
+            start: Some(restart),
+        };
+        let results = relay_to(&self.rt, &info, &every, body).await;
         let generation = info.generation;
         for rank in 0..info.proc_count() {
             self.views.moved(rank, generation);
