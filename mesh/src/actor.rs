@@ -2,10 +2,13 @@
 //! spawned by name in any proc with serialized arguments, answering each
 //! message with a reply.
 //!
-//! Each member runs as a ractor actor on a thread of its own, so a handler may block its core for seconds (tensor code
-//! does) without delaying the proc's control plane or other members. A
-//! handler that returns an error or panics fails its member; the caller of
-//! that message gets the error.
+//! Each member runs as a ractor actor on a thread of its own, so a handler
+//! may block its core for seconds (tensor code does) without delaying the
+//! proc's control plane or other members; an actor whose handlers never
+//! block may run its members on the proc's control thread instead
+//! ([`MeshActor::THREAD`]), which saves a thread hand-over on every
+//! message. A handler that returns an error or panics fails its member; the
+//! caller of that message gets the error.
 
 use std::future::Future;
 
@@ -14,6 +17,25 @@ use serde::de::DeserializeOwned;
 
 use crate::member::{Member, PeersRestarted};
 use crate::policy::{Decision, MeshFailure};
+
+/// Where the members of a [`MeshActor`] type run ([`MeshActor::THREAD`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemberThread {
+    /// A thread of its own with a current-thread tokio runtime: a handler
+    /// may block its core for seconds without delaying the proc's control
+    /// plane or its other members. Tasks a member spawns end with its life.
+    Own,
+    /// A task on its proc's control thread, beside the control plane: a
+    /// message to the member and its reply are task switches on that thread
+    /// instead of two wake-ups of another one, which is most of what a
+    /// small message costs on a loaded machine. Only for actors whose
+    /// handlers never block (routers, counters, parameter-server shards
+    /// that only copy): a handler that holds the thread delays every member
+    /// of the proc and its heartbeats, and held long enough gets the proc
+    /// declared failed. Tasks a member spawns run on the proc's runtime
+    /// and outlive its life.
+    Proc,
+}
 
 /// The error type of mesh actor callbacks.
 pub type ActorError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -32,12 +54,15 @@ pub trait MeshActor: Sized + Send + 'static {
     type Msg: Serialize + DeserializeOwned + Send + 'static;
     /// The reply to each message.
     type Reply: Serialize + DeserializeOwned + Send + 'static;
+    /// Where members run: on a thread of their own (the default), or, for
+    /// actors that never block, on the proc's control thread.
+    const THREAD: MemberThread = MemberThread::Own;
 
     /// Creates a member; [`Member::start`] says whether this is a restart,
     /// after what, and which live peer can serve its state. An error (or
-    /// panic) here is a start failure. It runs on the member's own thread,
-    /// beside the proc's control plane: messages wait in the mailbox until
-    /// it returns.
+    /// panic) here is a start failure. It runs where the member's handlers
+    /// run ([`MeshActor::THREAD`]): messages wait in the mailbox until it
+    /// returns.
     fn new(
         member: &Member,
         args: Self::Args,

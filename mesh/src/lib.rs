@@ -63,7 +63,7 @@ pub mod tree;
 #[doc(hidden)]
 pub use inventory;
 
-pub use actor::{ActorError, MeshActor};
+pub use actor::{ActorError, MemberThread, MeshActor};
 pub use actor_mesh::{ActorMesh, MeshRef, Retry};
 pub use bootstrap::{
     EXIT_BOOT_FAILED, EXIT_ENDPOINT_CLOSED, EXIT_LEASE_LAPSED, EXIT_MEMBER_STUCK, EXIT_REQUESTED,

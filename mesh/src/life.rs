@@ -1,6 +1,8 @@
 //! One life of a member: a ractor actor running the user's [`MeshActor`] on
 //! a thread of its own (a current-thread tokio runtime), so that blocking
-//! handlers delay nothing but their own mailbox.
+//! handlers delay nothing but their own mailbox; or, for an actor of
+//! [`MemberThread::Proc`], as a task on the proc's control thread, its code
+//! tagged as the member's in the proc's log lines while it is polled.
 //!
 //! The life starts in two steps: the actor exists at once (its mailbox takes
 //! messages), then `A::new` runs as the actor's first work, and the proc is
@@ -19,8 +21,9 @@ use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 
-use crate::actor::MeshActor;
+use crate::actor::{MemberThread, MeshActor};
 use crate::error::MemberError;
+use crate::logs::as_member;
 use crate::member::{Member, MemberMsg};
 use crate::protocol::{MAX_TEXT_BYTES, decode, encode};
 
@@ -48,8 +51,9 @@ pub(crate) struct LifeStart {
     pub(crate) args: Bytes,
     /// Told when `new` returned (or failed).
     pub(crate) started: oneshot::Sender<Result<(), String>>,
-    /// On a thread of its own (`false`: a task of the current runtime, as
-    /// in the simulation of 100,000 members).
+    /// On a thread of its own unless its type runs on the proc's thread
+    /// (`false`: a task of the current runtime whatever the type, as in the
+    /// simulation of 100,000 members).
     pub(crate) own_thread: bool,
 }
 
@@ -60,8 +64,8 @@ pub(crate) struct Running {
     pub(crate) ended: oneshot::Receiver<LifeEnd>,
 }
 
-/// Starts a life of `A` on a thread of its own; returns once its mailbox
-/// exists.
+/// Starts a life of `A` (on a thread of its own, or a task of the current
+/// runtime); returns once its mailbox exists.
 pub(crate) type SpawnFn =
     fn(LifeStart) -> futures::future::BoxFuture<'static, Result<Running, String>>;
 
@@ -72,7 +76,7 @@ pub(crate) fn spawn<A: MeshActor>(
     async move {
         let (actor_tx, actor_rx) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
-        if start.own_thread {
+        if start.own_thread && A::THREAD == MemberThread::Own {
             let name = format!("{}-r{}", start.member.mesh(), start.member.rank().0);
             let thread = std::thread::Builder::new().name(name).spawn(move || {
                 let end = run_life::<A>(start, actor_tx);
@@ -82,8 +86,11 @@ pub(crate) fn spawn<A: MeshActor>(
                 return Err(format!("cannot start the member's thread: {e}"));
             }
         } else {
+            // On a proc's control thread (not in the simulation), what the
+            // member's code logs is tagged as its own.
+            let tag = start.own_thread.then(|| member_tag(&start.member));
             tokio::spawn(async move {
-                let end = live::<A>(start, actor_tx).await;
+                let end = live::<A>(start, tag.flatten(), actor_tx).await;
                 let _ = ended_tx.send(end);
             });
         }
@@ -101,11 +108,7 @@ fn run_life<A: MeshActor>(
     actor_tx: oneshot::Sender<Result<ActorRef<MemberMsg>, String>>,
 ) -> LifeEnd {
     // What is logged on this thread is the member's (`logs::ProcStderr`).
-    crate::logs::set_thread_member(Some(&crate::logs::MemberTag {
-        mesh: start.member.mesh().to_owned(),
-        rank: start.member.rank().0,
-        generation: start.member.generation().0,
-    }));
+    crate::logs::set_thread_member(Some(&tag_of(&start.member)));
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -116,22 +119,36 @@ fn run_life<A: MeshActor>(
             return LifeEnd::Killed;
         }
     };
-    let end = runtime.block_on(live::<A>(start, actor_tx));
+    let end = runtime.block_on(live::<A>(start, None, actor_tx));
     // Whatever the member spawned on its runtime ends with it.
     runtime.shutdown_background();
     end
 }
 
-/// Runs a life on the current runtime until it ends.
+fn tag_of(member: &Member) -> crate::logs::MemberTag {
+    crate::logs::MemberTag {
+        mesh: member.mesh().to_owned(),
+        rank: member.rank().0,
+        generation: member.generation().0,
+    }
+}
+
+fn member_tag(member: &Member) -> Option<Arc<str>> {
+    crate::logs::member_prefix(&tag_of(member))
+}
+
+/// Runs a life on the current runtime until it ends; `tag` marks the
+/// member's code in log lines while it runs (on a shared thread).
 async fn live<A: MeshActor>(
     start: LifeStart,
+    tag: Option<Arc<str>>,
     actor_tx: oneshot::Sender<Result<ActorRef<MemberMsg>, String>>,
 ) -> LifeEnd {
     let outcome = Arc::new(Mutex::new(None));
     let spawned = Actor::spawn(
         None,
         MemberActor::<A>(PhantomData),
-        (start, outcome.clone()),
+        (start, tag, outcome.clone()),
     )
     .await;
     let (actor, join) = match spawned {
@@ -159,6 +176,8 @@ struct MemberState<A> {
     args: Option<Bytes>,
     started: Option<oneshot::Sender<Result<(), String>>>,
     outcome: Arc<Mutex<Option<LifeEnd>>>,
+    /// The member's log prefix, set around its code (on a shared thread).
+    tag: Option<Arc<str>>,
 }
 
 impl<A> MemberState<A> {
@@ -197,12 +216,12 @@ fn bounded(mut text: String) -> String {
 impl<A: MeshActor> Actor for MemberActor<A> {
     type Msg = MemberMsg;
     type State = MemberState<A>;
-    type Arguments = (LifeStart, Arc<Mutex<Option<LifeEnd>>>);
+    type Arguments = (LifeStart, Option<Arc<str>>, Arc<Mutex<Option<LifeEnd>>>);
 
     async fn pre_start(
         &self,
         _: ActorRef<MemberMsg>,
-        (start, outcome): Self::Arguments,
+        (start, tag, outcome): Self::Arguments,
     ) -> Result<MemberState<A>, ActorProcessingErr> {
         Ok(MemberState {
             actor: None,
@@ -210,6 +229,7 @@ impl<A: MeshActor> Actor for MemberActor<A> {
             args: Some(start.args),
             started: Some(start.started),
             outcome,
+            tag,
         })
     }
 
@@ -221,21 +241,23 @@ impl<A: MeshActor> Actor for MemberActor<A> {
         let args = state.args.take().unwrap_or_default();
         let result = match decode::<A::Args>(&args) {
             Err(e) => Err(format!("bad arguments for {}: {e}", A::NAME)),
-            Ok(args) => match AssertUnwindSafe(A::new(&state.member, args))
-                .catch_unwind()
-                .await
-            {
-                Ok(Ok(actor)) => {
-                    state.actor = Some(actor);
-                    Ok(())
+            Ok(args) => {
+                match AssertUnwindSafe(as_member(state.tag.as_ref(), A::new(&state.member, args)))
+                    .catch_unwind()
+                    .await
+                {
+                    Ok(Ok(actor)) => {
+                        state.actor = Some(actor);
+                        Ok(())
+                    }
+                    Ok(Err(e)) => Err(bounded(format!("{} failed to start: {e}", A::NAME))),
+                    Err(p) => Err(format!(
+                        "{} panicked while starting: {}",
+                        A::NAME,
+                        panic_message(p)
+                    )),
                 }
-                Ok(Err(e)) => Err(bounded(format!("{} failed to start: {e}", A::NAME))),
-                Err(p) => Err(format!(
-                    "{} panicked while starting: {}",
-                    A::NAME,
-                    panic_message(p)
-                )),
-            },
+            }
         };
         if let Some(started) = state.started.take() {
             let _ = started.send(result.clone());
@@ -270,9 +292,12 @@ impl<A: MeshActor> Actor for MemberActor<A> {
                         return Ok(());
                     }
                 };
-                match AssertUnwindSafe(actor.handle(&state.member, message))
-                    .catch_unwind()
-                    .await
+                match AssertUnwindSafe(as_member(
+                    state.tag.as_ref(),
+                    actor.handle(&state.member, message),
+                ))
+                .catch_unwind()
+                .await
                 {
                     Ok(Ok(value)) => {
                         answer(encode(&value).map_err(MemberError::BadReply));
@@ -299,9 +324,12 @@ impl<A: MeshActor> Actor for MemberActor<A> {
                 }
             }
             MemberMsg::PeersRestarted(change) => {
-                match AssertUnwindSafe(actor.peers_restarted(&state.member, &change))
-                    .catch_unwind()
-                    .await
+                match AssertUnwindSafe(as_member(
+                    state.tag.as_ref(),
+                    actor.peers_restarted(&state.member, &change),
+                ))
+                .catch_unwind()
+                .await
                 {
                     Ok(Ok(())) => Ok(()),
                     Ok(Err(e)) => {
@@ -322,9 +350,12 @@ impl<A: MeshActor> Actor for MemberActor<A> {
                 }
             }
             MemberMsg::Supervise { failure, reply } => {
-                let decision = AssertUnwindSafe(actor.supervise(&state.member, &failure))
-                    .catch_unwind()
-                    .await;
+                let decision = AssertUnwindSafe(as_member(
+                    state.tag.as_ref(),
+                    actor.supervise(&state.member, &failure),
+                ))
+                .catch_unwind()
+                .await;
                 match decision {
                     Ok(d) => {
                         let _ = reply.send(d);
@@ -351,7 +382,7 @@ impl<A: MeshActor> Actor for MemberActor<A> {
         let failed = state.outcome.lock().expect("outcome lock").is_some();
         if !failed && let Some(actor) = state.actor.as_mut() {
             // A panic in the hook still ends the life as stopped.
-            let _ = AssertUnwindSafe(actor.stopping(&state.member))
+            let _ = AssertUnwindSafe(as_member(state.tag.as_ref(), actor.stopping(&state.member)))
                 .catch_unwind()
                 .await;
         }

@@ -31,6 +31,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
+use std::future::Future;
 use std::io::Write as _;
 use std::num::NonZeroUsize;
 use std::str::FromStr;
@@ -318,17 +319,38 @@ fn digits(s: &str) -> Option<u64> {
 }
 
 thread_local! {
-    /// The tag of the member whose life runs on this thread.
-    static MEMBER: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// The prefix of the member whose code runs on this thread now.
+    static MEMBER: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+}
+
+/// The prefix [`ProcStderr`] writes before `tag`'s lines (`None`: a mesh
+/// name that cannot be read back as a tag).
+pub(crate) fn member_prefix(tag: &MemberTag) -> Option<Arc<str>> {
+    MemberTag::taggable(&tag.mesh).then(|| format!("{TAG_MARK}{tag} ").into())
 }
 
 /// Marks the current thread as running `tag`'s life (`None`: no member):
 /// [`ProcStderr`] prefixes what is logged on it.
 pub(crate) fn set_thread_member(tag: Option<&MemberTag>) {
-    let prefix = tag
-        .filter(|t| MemberTag::taggable(&t.mesh))
-        .map(|t| format!("{TAG_MARK}{t} "));
+    let prefix = tag.and_then(member_prefix);
     MEMBER.with(|m| *m.borrow_mut() = prefix);
+}
+
+/// Runs `work` with the thread marked as `prefix`'s member while it is
+/// polled, and as before between polls: for a member whose code runs as a
+/// task on a thread it shares with others (the proc's control thread).
+pub(crate) async fn as_member<F: Future>(prefix: Option<&Arc<str>>, work: F) -> F::Output {
+    let Some(prefix) = prefix else {
+        return work.await;
+    };
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        let before = MEMBER.with(|m| m.replace(Some(prefix.clone())));
+        let out = work.as_mut().poll(cx);
+        MEMBER.with(|m| *m.borrow_mut() = before);
+        out
+    })
+    .await
 }
 
 /// A `tracing_subscriber` writer for procs: stderr, with every event
@@ -342,7 +364,7 @@ pub struct ProcStderr;
 #[derive(Debug)]
 pub struct ProcStderrWriter {
     stderr: std::io::StderrLock<'static>,
-    prefix: Option<String>,
+    prefix: Option<Arc<str>>,
 }
 
 impl std::io::Write for ProcStderrWriter {

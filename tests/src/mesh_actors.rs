@@ -4,7 +4,7 @@
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
-use regent_mesh::{ActorError, Member, MeshActor, Selection};
+use regent_mesh::{ActorError, Member, MemberThread, MeshActor, Selection};
 use serde::{Deserialize, Serialize};
 
 /// A worker that counts, reports who and where it is, and fails, panics,
@@ -63,6 +63,8 @@ pub enum Op {
     /// Log `text` with `tracing::info!` (the proc's stderr, with the
     /// member's tag when the proc logs through `logs::ProcStderr`).
     Trace(String),
+    /// Reply with the thread the handler runs on.
+    Thread,
 }
 
 /// A [`Worker`]'s reply.
@@ -81,6 +83,15 @@ pub enum Reply {
     },
     /// Bytes.
     Bytes(Vec<u8>),
+    /// The thread a handler ran on.
+    Thread {
+        /// Its name.
+        name: Option<String>,
+        /// Its id in its process (`ThreadId`'s debug form).
+        id: String,
+        /// Its OS process.
+        pid: u32,
+    },
     /// Done.
     Ok,
 }
@@ -224,8 +235,35 @@ impl MeshActor for Worker {
                 tracing::info!("{text}");
                 Reply::Ok
             }
+            Op::Thread => Reply::Thread {
+                name: std::thread::current().name().map(str::to_owned),
+                id: format!("{:?}", std::thread::current().id()),
+                pid: std::process::id(),
+            },
         })
     }
 }
 
 regent_mesh::register_actor!(Worker);
+
+/// A [`Worker`] whose members run on their proc's control thread
+/// ([`MemberThread::Proc`]); tests give it nothing that blocks.
+pub struct ProcThreadWorker(Worker);
+
+impl MeshActor for ProcThreadWorker {
+    const NAME: &'static str = "e2e/worker-on-proc-thread";
+    type Args = WorkerArgs;
+    type Msg = Op;
+    type Reply = Reply;
+    const THREAD: MemberThread = MemberThread::Proc;
+
+    async fn new(member: &Member, args: WorkerArgs) -> Result<Self, ActorError> {
+        Worker::new(member, args).await.map(Self)
+    }
+
+    async fn handle(&mut self, member: &Member, op: Op) -> Result<Reply, ActorError> {
+        self.0.handle(member, op).await
+    }
+}
+
+regent_mesh::register_actor!(ProcThreadWorker);

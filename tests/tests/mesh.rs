@@ -19,7 +19,7 @@ use regent_mesh::{
     RuntimeConfig, Selection, Shape, SpawnOptions,
 };
 use regent_net::EndpointConfig;
-use regent_tests::mesh_actors::{Op, Reply, Worker, WorkerArgs};
+use regent_tests::mesh_actors::{Op, ProcThreadWorker, Reply, Worker, WorkerArgs};
 use regent_tests::process::{KillOnDrop, alive, wait_gone};
 
 /// Generous: CI has two shared cores.
@@ -1084,6 +1084,110 @@ async fn members_output_reaches_the_controller_prefixed_and_folded() {
     assert!(line.starts_with("[talk r0-3 g0] "), "{line}");
     assert!(line.contains("INFO"), "{line}");
     assert_eq!(traced[0].stream, LogStream::Stderr);
+    c.finish().await;
+}
+
+/// The thread each member of a mesh ran `Op::Thread` on: (name, id, pid)
+/// by rank.
+async fn threads_of<A>(mesh: &ActorMesh<A>) -> Vec<(Option<String>, String, u32)>
+where
+    A: regent_mesh::MeshActor<Msg = Op, Reply = Reply>,
+{
+    let values = mesh
+        .call(&Selection::All, &Op::Thread)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    values
+        .into_iter()
+        .map(|(_, reply)| match reply {
+            Reply::Thread { name, id, pid } => (name, id, pid),
+            other => panic!("not a thread: {other:?}"),
+        })
+        .collect()
+}
+
+async fn bump(mesh: &ActorMesh<ProcThreadWorker>, rank: u32) -> u64 {
+    match mesh.call_one(Rank(rank), &Op::Bump).await.unwrap() {
+        Reply::Count(n) => n,
+        other => panic!("not a count: {other:?}"),
+    }
+}
+
+/// Members of an actor that runs on its proc's thread
+/// (`MemberThread::Proc`) run there: both members of the proc on one
+/// thread, which is not the thread of its own a default member gets. Each
+/// one's traced lines carry its own tag though they share the thread, and
+/// a panic fails that member alone: it restarts fresh while the proc and
+/// its other member live on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_on_the_proc_thread_run_there_log_as_themselves_and_fail_alone() {
+    let c = logging_cluster(1, LogMode::All).await;
+    let own = c.spawn("own", 1, SpawnOptions::new()).await;
+    let shared: ActorMesh<ProcThreadWorker> = c
+        .procs
+        .spawn_with("shared", 2, &WorkerArgs::default(), SpawnOptions::new())
+        .await
+        .unwrap();
+    let own_thread = threads_of(&own).await;
+    let shared_threads = threads_of(&shared).await;
+    assert_eq!(own_thread[0].2, shared_threads[0].2, "one proc");
+    assert_eq!(
+        shared_threads[0].1, shared_threads[1].1,
+        "both on the proc's thread: {shared_threads:?}"
+    );
+    assert_ne!(
+        own_thread[0].1, shared_threads[0].1,
+        "a default member has a thread of its own"
+    );
+    assert!(
+        own_thread[0]
+            .0
+            .as_deref()
+            .is_some_and(|n| n.ends_with("-r0")),
+        "{own_thread:?}"
+    );
+
+    let mut rx = c.rt.logs().subscribe();
+    shared
+        .call(&Selection::All, &Op::Trace("from the proc thread".into()))
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    let line_of = |rank: u32| {
+        move |r: &LogRecord| {
+            r.render(LogMode::All).is_some_and(|line| {
+                line.starts_with(&format!("[shared r{rank} g0] "))
+                    && line.ends_with("from the proc thread")
+            })
+        }
+    };
+    records_until(&mut rx, |seen| {
+        seen.iter().any(line_of(0)) && seen.iter().any(line_of(1))
+    })
+    .await;
+
+    assert_eq!(bump(&shared, 1).await, 1);
+    let panicked = shared.call_one(Rank(0), &Op::Panic).await;
+    assert!(panicked.is_err(), "{panicked:?}");
+    shared
+        .wait_status(DEADLINE, |s| {
+            *s == MeshStatus::Running && shared.generation().0 >= 1
+        })
+        .await
+        .unwrap();
+    assert_eq!(bump(&shared, 0).await, 1, "rank 0 restarted fresh");
+    assert_eq!(bump(&shared, 1).await, 2, "rank 1 lived on");
+    let after = threads_of(&shared).await;
+    assert_eq!(after[0].2, shared_threads[0].2, "the same proc");
+    assert_eq!(after[0].1, shared_threads[0].1, "on the same thread");
+    assert_eq!(
+        threads_of(&own).await,
+        own_thread,
+        "the other mesh lived on"
+    );
     c.finish().await;
 }
 

@@ -36,13 +36,17 @@
 //!   in the mesh size past the fan-out, since the tree bounds what the
 //!   controller sends and hears per cast. (Up to the fan-out the
 //!   controller sends one frame per proc: the default fan-out is 16.)
+//! - The same call, pipelined and cast figures with `_on_proc_thread`
+//!   appended: to a member of `MemberThread::Proc`, which runs on its
+//!   proc's control thread instead of a thread of its own (the TCP echo of
+//!   their baseline then runs on that thread too).
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::StreamExt;
 use regent_mesh::alloc::Allocator;
-use regent_mesh::{ActorMesh, ProcMesh, Rank, Runtime, Selection, Shape};
+use regent_mesh::{ActorMesh, MeshActor, ProcMesh, Rank, Runtime, Selection, Shape};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -56,19 +60,29 @@ pub(crate) const IN_FLIGHT: usize = 1000;
 /// The bytes of one TCP echo (as `net`'s).
 const ECHO_BYTES: usize = 64;
 
-/// Runs the figures on `pm` (at least one proc; the member is on the
-/// last).
-pub(crate) async fn run(
+/// The member actors of these figures: [`Bench`], and the same on the
+/// proc's thread ([`super::mesh::BenchOnProc`]).
+pub(crate) trait CallTarget:
+    MeshActor<Args = (), Msg = BenchOp, Reply = BenchReply>
+{
+}
+
+impl<A: MeshActor<Args = (), Msg = BenchOp, Reply = BenchReply>> CallTarget for A {}
+
+/// Runs the figures on `pm` (at least one proc; the member, an `A`, is on
+/// the last); each figure's name ends in `suffix`.
+pub(crate) async fn run<A: CallTarget>(
     opts: BenchOptions,
     report: &mut Report,
     pm: &ProcMesh,
+    suffix: &str,
 ) -> anyhow::Result<()> {
     let (blocks, per_block, pipelined, casts) = if opts.quick {
         (6, 300, 20_000, 20_000)
     } else {
         (20, 1_000, 100_000, 200_000)
     };
-    let mesh: ActorMesh<Bench> = pm.spawn("calls", 1, &()).await?;
+    let mesh: ActorMesh<A> = pm.spawn("calls", 1, &()).await?;
     let member = Rank(mesh.shape().len() as u32 - 1);
     let BenchReply::Port(port) = mesh.call_one(member, &BenchOp::TcpEcho).await? else {
         anyhow::bail!("the member started no TCP echo");
@@ -92,7 +106,7 @@ pub(crate) async fn run(
     for p in [50.0, 99.0] {
         let call = micros(percentile(&calls, p));
         report.push(
-            Figure::new(SUITE, &format!("call_rtt_p{p}"), call, "us")
+            Figure::new(SUITE, &format!("call_rtt_p{p}{suffix}"), call, "us")
                 .samples(calls.len())
                 .against(
                     &format!("tcp_echo_p{p}"),
@@ -101,13 +115,18 @@ pub(crate) async fn run(
                 ),
         );
         report.push(
-            Figure::new(SUITE, &format!("call_rtt_vs_control_p{p}"), call, "us")
-                .samples(calls.len())
-                .against(
-                    &format!("control_rtt_p{p}"),
-                    micros(percentile(&controls, p)),
-                    "us",
-                ),
+            Figure::new(
+                SUITE,
+                &format!("call_rtt_vs_control_p{p}{suffix}"),
+                call,
+                "us",
+            )
+            .samples(calls.len())
+            .against(
+                &format!("control_rtt_p{p}"),
+                micros(percentile(&controls, p)),
+                "us",
+            ),
         );
     }
 
@@ -145,21 +164,26 @@ pub(crate) async fn run(
         ("cast_nowait_cpu", &mut cast_cpu),
     ] {
         report.push(
-            Figure::new(SUITE, name, median(cpu), "us")
+            Figure::new(SUITE, &format!("{name}{suffix}"), median(cpu), "us")
                 .samples(3)
                 .against("control_one_way_cpu", one_way_cpu, "us"),
         );
     }
     let one_way = median(&mut one_way);
     report.push(
-        Figure::new(SUITE, "pipelined_calls", median(&mut piped), "calls/s")
-            .samples(3)
-            .against("control_one_way", one_way, "msg/s"),
+        Figure::new(
+            SUITE,
+            &format!("pipelined_calls{suffix}"),
+            median(&mut piped),
+            "calls/s",
+        )
+        .samples(3)
+        .against("control_one_way", one_way, "msg/s"),
     );
     report.push(
         Figure::new(
             SUITE,
-            "cast_nowait_rate",
+            &format!("cast_nowait_rate{suffix}"),
             median(&mut cast_rates),
             "casts/s",
         )
@@ -291,8 +315,8 @@ fn process_cpu() -> anyhow::Result<Duration> {
     Ok(tv(usage.user_time()) + tv(usage.system_time()))
 }
 
-async fn call_round_trips(
-    mesh: &ActorMesh<Bench>,
+async fn call_round_trips<A: CallTarget>(
+    mesh: &ActorMesh<A>,
     member: Rank,
     n: usize,
     samples: &mut Vec<Duration>,
@@ -322,7 +346,11 @@ async fn tcp_round_trips(
 }
 
 /// Calls per second of `n` calls with [`IN_FLIGHT`] in flight.
-async fn pipelined_calls(mesh: &ActorMesh<Bench>, member: Rank, n: usize) -> anyhow::Result<f64> {
+async fn pipelined_calls<A: CallTarget>(
+    mesh: &ActorMesh<A>,
+    member: Rank,
+    n: usize,
+) -> anyhow::Result<f64> {
     let t = Instant::now();
     let mut answers = futures::stream::iter(0..n)
         .map(|i| async move { mesh.call_one(member, &BenchOp::Echo(i as u64)).await })
@@ -337,7 +365,11 @@ async fn pipelined_calls(mesh: &ActorMesh<Bench>, member: Rank, n: usize) -> any
 }
 
 /// Fire-and-forget casts per second, until the member has all `n`.
-async fn cast_rate(mesh: &ActorMesh<Bench>, member: Rank, n: usize) -> anyhow::Result<f64> {
+async fn cast_rate<A: CallTarget>(
+    mesh: &ActorMesh<A>,
+    member: Rank,
+    n: usize,
+) -> anyhow::Result<f64> {
     let BenchReply::Count(before) = mesh.call_one(member, &BenchOp::Count).await? else {
         anyhow::bail!("no count");
     };
@@ -360,7 +392,7 @@ async fn cast_rate(mesh: &ActorMesh<Bench>, member: Rank, n: usize) -> anyhow::R
 }
 
 /// The selection of exactly `rank`, by its point.
-fn rank_selection(mesh: &ActorMesh<Bench>, rank: Rank) -> anyhow::Result<Selection> {
+fn rank_selection<A: CallTarget>(mesh: &ActorMesh<A>, rank: Rank) -> anyhow::Result<Selection> {
     let point = mesh
         .mesh_shape()
         .point_of(rank)

@@ -8,6 +8,9 @@
 //!   `call_gather_<P>x<M>_vs_call_one`, the same against one call to one member
 //!   (a raw round trip). The three are timed in turn in every round, on the
 //!   same members.
+//!   With one member per proc also `call_gather_<P>x1_on_proc_thread` and
+//!   its `_vs_call_one`: the same for members of `MemberThread::Proc`, on
+//!   their proc's control thread instead of threads of their own.
 //! - `cold_spawn_4_procs`: four procs started and a mesh spawned on them and
 //!   answering, against starting four bare processes of this binary.
 //! - `controller_frames_<P>_procs`: messages the controller sends per cast,
@@ -42,8 +45,8 @@ use std::time::{Duration, Instant};
 
 use regent_mesh::alloc::{Allocator, LocalAllocator};
 use regent_mesh::{
-    ActorError, ActorMesh, Member, MeshActor, ProcMesh, Rank, Runtime, RuntimeConfig, Selection,
-    Shape,
+    ActorError, ActorMesh, Member, MemberThread, MeshActor, ProcMesh, Rank, Runtime, RuntimeConfig,
+    Selection, Shape,
 };
 
 use regent_rdma::{BackendKind, BackendPolicy, RemoteBuffer};
@@ -52,6 +55,8 @@ use serde::{Deserialize, Serialize};
 use super::{BenchOptions, Figure, Report, median, micros};
 
 const SUITE: &str = "mesh";
+/// The suffix of the figures of members on their proc's thread.
+const ON_PROC: &str = "_on_proc_thread";
 
 /// The benchmarks' mesh actor: answers with its rank.
 pub(crate) struct Echo {
@@ -76,6 +81,27 @@ impl MeshActor for Echo {
 }
 
 regent_mesh::register_actor!(Echo);
+
+/// [`Echo`] on its proc's thread ([`MemberThread::Proc`]).
+pub(crate) struct EchoOnProc(Echo);
+
+impl MeshActor for EchoOnProc {
+    const NAME: &'static str = "regent-bench/echo-on-proc";
+    type Args = ();
+    type Msg = u64;
+    type Reply = u64;
+    const THREAD: MemberThread = MemberThread::Proc;
+
+    async fn new(member: &Member, (): ()) -> Result<Self, ActorError> {
+        Echo::new(member, ()).await.map(Self)
+    }
+
+    async fn handle(&mut self, member: &Member, x: u64) -> Result<u64, ActorError> {
+        self.0.handle(member, x).await
+    }
+}
+
+regent_mesh::register_actor!(EchoOnProc);
 
 /// The member benchmarks' actor (see the module docs).
 pub(crate) struct Bench {
@@ -238,6 +264,31 @@ impl MeshActor for Bench {
 
 regent_mesh::register_actor!(Bench);
 
+/// [`Bench`] on its proc's thread ([`MemberThread::Proc`]), for the call
+/// figures only: nothing there blocks.
+pub(crate) struct BenchOnProc(Bench);
+
+impl MeshActor for BenchOnProc {
+    const NAME: &'static str = "regent-bench/member-on-proc";
+    type Args = ();
+    type Msg = BenchOp;
+    type Reply = BenchReply;
+    const THREAD: MemberThread = MemberThread::Proc;
+
+    async fn new(member: &Member, (): ()) -> Result<Self, ActorError> {
+        Bench::new(member, ()).await.map(Self)
+    }
+
+    async fn handle(&mut self, member: &Member, op: BenchOp) -> Result<BenchReply, ActorError> {
+        if matches!(op, BenchOp::Spin(_)) {
+            return Err("a spin would hold the proc's thread".into());
+        }
+        self.0.handle(member, op).await
+    }
+}
+
+regent_mesh::register_actor!(BenchOnProc);
+
 fn durations(ns: Vec<u64>) -> Vec<Duration> {
     ns.into_iter().map(Duration::from_nanos).collect()
 }
@@ -364,13 +415,16 @@ async fn procs(rt: &Runtime, alloc: &Arc<dyn Allocator>, n: usize) -> anyhow::Re
         .await?)
 }
 
-async fn call_gather(
+/// The call-all-and-gather figures of `A`'s members (names ending in
+/// `suffix`).
+async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
     report: &mut Report,
     pm: &ProcMesh,
     per_proc: u32,
     rounds: usize,
+    suffix: &str,
 ) -> anyhow::Result<()> {
-    let mesh: ActorMesh<Echo> = pm.spawn("echo", per_proc, &()).await?;
+    let mesh: ActorMesh<A> = pm.spawn("echo", per_proc, &()).await?;
     let n = mesh.shape().len();
     let procs = pm.shape().len();
     let all = Selection::All;
@@ -401,7 +455,7 @@ async fn call_gather(
     report.push(
         Figure::new(
             SUITE,
-            &format!("call_gather_{procs}x{per_proc}"),
+            &format!("call_gather_{procs}x{per_proc}{suffix}"),
             gather,
             "us",
         )
@@ -415,7 +469,7 @@ async fn call_gather(
     report.push(
         Figure::new(
             SUITE,
-            &format!("call_gather_{procs}x{per_proc}_vs_call_one"),
+            &format!("call_gather_{procs}x{per_proc}_vs_call_one{suffix}"),
             gather,
             "us",
         )
@@ -594,18 +648,17 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     let (rt, alloc) = cluster(RuntimeConfig::default()).await?;
     for (p, per_proc) in [(1usize, 1u32), (2, 4), (4, 4), (16, 1), (4, 16), (4, 64)] {
         let pm = procs(&rt, &alloc, p).await?;
-        call_gather(
-            report,
-            &pm,
-            per_proc,
-            if per_proc >= 16 { rounds / 4 } else { rounds },
-        )
-        .await?;
+        let rounds = if per_proc >= 16 { rounds / 4 } else { rounds };
+        call_gather::<Echo>(report, &pm, per_proc, rounds, "").await?;
+        if per_proc == 1 {
+            call_gather::<EchoOnProc>(report, &pm, per_proc, rounds, ON_PROC).await?;
+        }
         pm.stop(Duration::from_secs(2)).await?;
     }
     // The member figures, on two procs.
     let pm = procs(&rt, &alloc, 2).await?;
-    super::calls::run(opts, report, &pm).await?;
+    super::calls::run::<Bench>(opts, report, &pm, "").await?;
+    super::calls::run::<BenchOnProc>(opts, report, &pm, ON_PROC).await?;
     let member_rounds = if opts.quick { 5 } else { 40 };
     peer_call(report, &pm, member_rounds).await?;
     peer_read(report, &pm, if opts.quick { 10 } else { 50 }).await?;
