@@ -7,6 +7,7 @@
 //!   of this process (`memcpy_<size>`);
 //! - `tcp_{read,write}_<size>_vs_raw` against a raw loopback TCP stream of
 //!   the same size between the same two processes, plain tokio sockets
+//!   from and into populated buffers of that size on both sides
 //!   (`tcp_raw_{read,write}_<size>`);
 //! - for 64 MiB and up, the same tcp figures with two connections per
 //!   operation (`tcp_{read,write}_<size>_2conns`, parallel streams each
@@ -487,11 +488,14 @@ pub(crate) async fn serve_peer(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// The raw TCP baseline's server side: `R <len>` sends `len` bytes, `W
-/// <len>` receives them and acknowledges with one byte. Its buffer is
-/// populated, like the registered buffers.
+/// <len>` receives them and acknowledges with one byte. Like a registered
+/// buffer, its buffer is populated and as large as the transfer: a write
+/// lands every byte in memory, a read sends every byte from memory (a
+/// smaller buffer used over and over stays in the cache, which no
+/// transfer of the payload plane gets).
 async fn serve_raw(mut sock: TcpStream) -> anyhow::Result<()> {
     sock.set_nodelay(true)?;
-    let mut buf = vec![1u8; RAW_CHUNK_BYTES];
+    let mut buf: Vec<u8> = Vec::new();
     loop {
         let mut req = [0u8; 9];
         if sock.read_exact(&mut req).await.is_err() {
@@ -499,20 +503,19 @@ async fn serve_raw(mut sock: TcpStream) -> anyhow::Result<()> {
         }
         let mut len = [0u8; 8];
         len.copy_from_slice(&req[1..]);
-        let mut left = u64::from_le_bytes(len) as usize;
+        let len = usize::try_from(u64::from_le_bytes(len))?;
+        if buf.len() != len {
+            buf = vec![1u8; len];
+        }
         match req[0] {
             b'R' => {
-                while left > 0 {
-                    let n = left.min(buf.len());
-                    sock.write_all(&buf[..n]).await?;
-                    left -= n;
+                for chunk in buf.chunks(RAW_CHUNK_BYTES) {
+                    sock.write_all(chunk).await?;
                 }
             }
             b'W' => {
-                while left > 0 {
-                    let n = left.min(buf.len());
-                    sock.read_exact(&mut buf[..n]).await?;
-                    left -= n;
+                for chunk in buf.chunks_mut(RAW_CHUNK_BYTES) {
+                    sock.read_exact(chunk).await?;
                 }
                 sock.write_all(&[1]).await?;
             }
