@@ -8,9 +8,10 @@
 //! this binary, exist in every proc.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::boot::{self, Role};
-use crate::proc::{self, ProcExit, ProcSetup};
+use crate::proc::{self, LeaseClock, ProcExit, ProcSetup};
 
 /// The exit code of a proc stopped by its owner.
 pub const EXIT_REQUESTED: i32 = 0;
@@ -113,6 +114,12 @@ async fn run_proc() -> i32 {
             return EXIT_BOOT_FAILED;
         }
     };
+    let lease = start.boot.owner_lease.min(proc::MAX_OWNER_LEASE);
+    let lease_clock = LeaseClock::new(lease);
+    if let Err(e) = watch_lease(lease_clock.clone(), lease) {
+        eprintln!("regent proc {}: no lease watchdog: {e}", start.boot.proc);
+        return EXIT_BOOT_FAILED;
+    }
     let setup = ProcSetup {
         endpoint: start.endpoint.clone(),
         owner: start.boot.owner.proc.clone(),
@@ -121,6 +128,7 @@ async fn run_proc() -> i32 {
         buffers,
         member_threads: true,
         seed: None,
+        lease_clock: Some(lease_clock),
     };
     let ready = async { start.report_ready().await.map_err(|e| e.to_string()) };
     match proc::serve(setup, ready).await {
@@ -133,4 +141,50 @@ async fn run_proc() -> i32 {
             EXIT_BOOT_FAILED
         }
     }
+}
+
+/// How long past its lease's lapse a proc's serve loop may take to notice
+/// before the watchdog ends the process: half the lease, at least a second.
+fn watchdog_grace(lease: Duration) -> Duration {
+    (lease / 2).max(Duration::from_secs(1))
+}
+
+/// How often the lease watchdog looks at the clock at most.
+const WATCHDOG_CHECK: Duration = Duration::from_millis(250);
+
+/// Watches a proc's lease from a thread of its own: when it lapsed
+/// [`watchdog_grace`] ago and the serve loop has not acted (its thread is
+/// held: a member on the proc's thread in code that never yields), the
+/// process exits with [`EXIT_LEASE_LAPSED`], as the loop would have. Its
+/// owner replaced the proc when the proc fell silent; this ends the zombie
+/// within a lease. The grace counts only time this thread saw pass: after
+/// a gap in its checks (the process was stopped, SIGSTOP, or starved of a
+/// core) the loop gets a whole grace from then to read what came
+/// meanwhile, as it would have without a watchdog.
+fn watch_lease(clock: LeaseClock, lease: Duration) -> std::io::Result<()> {
+    let grace = watchdog_grace(lease);
+    std::thread::Builder::new()
+        .name("regent-lease-watch".into())
+        .spawn(move || {
+            let mut last = std::time::Instant::now();
+            let mut watched_from = last;
+            while let Some(deadline) = clock.deadline() {
+                let now = std::time::Instant::now();
+                if now.duration_since(last) > 2 * WATCHDOG_CHECK {
+                    watched_from = now;
+                }
+                last = now;
+                let due = deadline.max(watched_from) + grace;
+                if now >= due {
+                    eprintln!(
+                        "regent proc: the owner's lease lapsed {:?} ago and the proc's control \
+                         thread did not act (held by a member in code that never yields?): exiting",
+                        now.saturating_duration_since(deadline)
+                    );
+                    std::process::exit(EXIT_LEASE_LAPSED);
+                }
+                std::thread::sleep((due - now).min(WATCHDOG_CHECK));
+            }
+        })
+        .map(|_| ())
 }

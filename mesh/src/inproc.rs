@@ -173,6 +173,8 @@ impl InProcAllocator {
                 buffers,
                 member_threads,
                 seed,
+                // In the controller's process: nothing may exit it.
+                lease_clock: None,
             };
             let ready = async move {
                 if let Some(tx) = on_ready.lock().expect("ready lock").take() {

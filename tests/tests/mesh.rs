@@ -354,7 +354,7 @@ fn wait_for_file(path: &std::path::Path, deadline: Duration) -> Option<String> {
 
 /// SIGSTOP a proc past the failure timeout: it is declared failed (link),
 /// its members are respawned on a fresh proc in a new generation; after
-/// SIGCONT the zombie is fenced: its members got nothing of the new
+/// SIGCONT (two leases after the stop) the zombie is fenced: its members got nothing of the new
 /// generation, what it casts to its old peers is refused by every live proc,
 /// it exits (its lease lapsed, and it is told to), its exit causes no
 /// restart, and no two live members ever share a rank in one generation.
@@ -418,6 +418,10 @@ async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
             .unwrap();
     }
     // Wake the zombie: it is fenced, told to exit, and its lease has lapsed.
+    // Paused past its lease and the lease watchdog's grace (half the
+    // lease): the watchdog counts only time it saw pass, so the zombie's
+    // loop still runs when it resumes, as without a watchdog.
+    tokio::time::sleep_until((t + 2 * LEASE).into()).await;
     c.alloc
         .signal(&zombie_proc, ProcSignal::Cont)
         .await
@@ -1188,6 +1192,69 @@ async fn members_on_the_proc_thread_run_there_log_as_themselves_and_fail_alone()
         own_thread,
         "the other mesh lived on"
     );
+    c.finish().await;
+}
+
+/// A member on its proc's thread that blocks it (code that never yields,
+/// which `MemberThread::Proc` forbids) holds up the whole proc: its
+/// heartbeats stop, so the owner declares it failed and respawns its
+/// members on a fresh proc, while the other proc's member lives on. The
+/// held proc cannot run its own lease check, so its lease watchdog (a
+/// thread of its own) ends it once the lease lapsed: the zombie is gone
+/// within a lease, not when its member lets go two minutes later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_holding_its_procs_thread_gets_the_proc_replaced_and_ended() {
+    let c = Cluster::start(2).await;
+    let dir = regent_tests::tempdir::TempDir::new("mesh", "held");
+    let journal_path = dir.path().join("journal");
+    let args = WorkerArgs {
+        journal: Some(journal_path.display().to_string()),
+        ..WorkerArgs::default()
+    };
+    let mesh: ActorMesh<ProcThreadWorker> = c
+        .procs
+        .spawn_with("held", 1, &args, SpawnOptions::new())
+        .await
+        .unwrap();
+    let mut failures = mesh.failures();
+    let before = threads_of(&mesh).await;
+    let held = before[1].2;
+    mesh.cast_nowait(&"procs=1".parse().unwrap(), &Op::Block(120_000))
+        .await
+        .unwrap();
+    let end = Instant::now() + DEADLINE;
+    while !journal(&journal_path)
+        .iter()
+        .any(|(e, r, _, _, _)| e == "beat" && *r == 1)
+    {
+        assert!(Instant::now() < end, "rank 1 never blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t = Instant::now();
+    let failure = tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    println!(
+        "the held proc was declared failed after {:?}: {failure}",
+        t.elapsed()
+    );
+    assert!(
+        matches!(failure.cause, FailureCause::LinkFailed { .. }),
+        "{failure}"
+    );
+    assert_eq!(failure.ranks, vec![Rank(1)]);
+    mesh.wait_status(DEADLINE, |s| {
+        *s == MeshStatus::Running && mesh.generation().0 >= 1
+    })
+    .await
+    .unwrap();
+    let after = threads_of(&mesh).await;
+    assert_eq!(after[0].2, before[0].2, "rank 0's proc lived on");
+    assert_ne!(after[1].2, held, "rank 1 lives in a fresh proc");
+    let left = wait_gone(&[held], LEASE * 4);
+    println!("the held proc ended {:?} after its failure", t.elapsed());
+    assert!(left.is_empty(), "the held proc still runs");
     c.finish().await;
 }
 

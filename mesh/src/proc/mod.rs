@@ -15,6 +15,7 @@ mod members;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -103,6 +104,57 @@ pub struct ProcSetup {
     /// Where the proc's random numbers (the seeds of its members' casts)
     /// come from: `None` draws from the OS, a seed makes them replay.
     pub seed: Option<u64>,
+    /// Where the owner's lease deadline is published for a watcher outside
+    /// the serve loop (a proc process's watchdog thread), which must be
+    /// able to end the process when the loop's thread is held.
+    pub lease_clock: Option<LeaseClock>,
+}
+
+/// The owner's lease deadline of a serving proc, shared with a watcher on
+/// another thread: [`serve`] moves it at every sign of the owner, and
+/// disarms it once its loop has ended (the loop then exits on its own).
+/// A proc process watches it from a thread of its own, so that a proc
+/// whose control thread is held (a member of `MemberThread::Proc` in code
+/// that never yields) still ends when its lease lapses, as a proc that
+/// hears nothing from its owner must.
+#[derive(Debug, Clone)]
+pub struct LeaseClock(Arc<LeaseClockInner>);
+
+#[derive(Debug)]
+struct LeaseClockInner {
+    base: std::time::Instant,
+    /// Milliseconds after `base`; `u64::MAX`: disarmed.
+    deadline_ms: AtomicU64,
+}
+
+impl LeaseClock {
+    /// A clock whose lease lapses `lease` from now.
+    pub fn new(lease: Duration) -> Self {
+        let clock = Self(Arc::new(LeaseClockInner {
+            base: std::time::Instant::now(),
+            deadline_ms: AtomicU64::new(u64::MAX),
+        }));
+        clock.set(std::time::Instant::now() + lease);
+        clock
+    }
+
+    fn set(&self, deadline: std::time::Instant) {
+        let ms = deadline.saturating_duration_since(self.0.base).as_millis();
+        let ms = u64::try_from(ms).unwrap_or(u64::MAX - 1).min(u64::MAX - 1);
+        self.0.deadline_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn disarm(&self) {
+        self.0.deadline_ms.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// When the lease lapses (`None`: disarmed, the serve loop has ended).
+    pub fn deadline(&self) -> Option<std::time::Instant> {
+        match self.0.deadline_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(self.0.base + Duration::from_millis(ms)),
+        }
+    }
 }
 
 /// The proc runtime's state and command handling, independent of how
@@ -702,6 +754,7 @@ where
         buffers,
         member_threads,
         seed,
+        lease_clock,
     } = setup;
     // A lease from the boot is bounded (the host agent caps it too): the
     // deadline arithmetic below never overflows.
@@ -747,6 +800,12 @@ where
     ready.await.map_err(ProcError::Ready)?;
     tracing::info!(proc = %endpoint.proc(), "proc ready");
     let mut lease = tokio::time::Instant::now() + owner_lease;
+    let publish = |lease: tokio::time::Instant| {
+        if let Some(clock) = &lease_clock {
+            clock.set(lease.into_std());
+        }
+    };
+    publish(lease);
     let exit = loop {
         let delivery = tokio::select! {
             // Commands first: a renewal that has arrived is taken before the
@@ -773,6 +832,7 @@ where
         if from_owner {
             // Any command from the owner shows it is alive.
             lease = tokio::time::Instant::now() + owner_lease;
+            publish(lease);
             if matches!(cmd, ProcCommand::Renew | ProcCommand::Exit)
                 && let Some(stats) = &mut stats
             {
@@ -786,6 +846,7 @@ where
             // A command the owner signed, relayed by another proc: the
             // owner is alive.
             lease = tokio::time::Instant::now() + owner_lease;
+            publish(lease);
             if renewal && let Some(stats) = &mut stats {
                 stats.send(&endpoint, &fabric.me);
             }
@@ -796,6 +857,9 @@ where
             break ProcExit::LeaseLapsed;
         }
     };
+    if let Some(clock) = &lease_clock {
+        clock.disarm();
+    }
     tracing::info!(proc = %endpoint.proc(), ?exit, "proc stops");
     if !matches!(exit, ProcExit::MemberStuck { .. }) {
         rt.shutdown().await;
