@@ -341,6 +341,36 @@ fn journal(path: &std::path::Path) -> Vec<(String, u32, u64, u32, String)> {
 }
 
 /// Waits until `path` holds something (or the deadline passes).
+/// A temporary directory with a journal in it, and worker arguments that
+/// make every life write to that journal.
+fn journaled(
+    name: &str,
+) -> (
+    regent_tests::tempdir::TempDir,
+    std::path::PathBuf,
+    WorkerArgs,
+) {
+    let dir = regent_tests::tempdir::TempDir::new("mesh", name);
+    let path = dir.path().join("journal");
+    let args = WorkerArgs {
+        journal: Some(path.display().to_string()),
+        ..WorkerArgs::default()
+    };
+    (dir, path, args)
+}
+
+/// Waits until `rank` journals a heartbeat of a blocked thread (`Op::Block`).
+async fn blocked(journal_path: &std::path::Path, rank: u32) {
+    let end = Instant::now() + DEADLINE;
+    while !journal(journal_path)
+        .iter()
+        .any(|(e, r, _, _, _)| e == "beat" && *r == rank)
+    {
+        assert!(Instant::now() < end, "rank {rank} never blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn wait_for_file(path: &std::path::Path, deadline: Duration) -> Option<String> {
     let end = Instant::now() + deadline;
     loop {
@@ -362,13 +392,8 @@ fn wait_for_file(path: &std::path::Path, deadline: Duration) -> Option<String> {
 async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
     const ZOMBIE_MARK: u64 = 999;
     let c = Cluster::start(3).await;
-    let dir = regent_tests::tempdir::TempDir::new("mesh", "zombie");
-    let journal_path = dir.path().join("journal");
+    let (dir, journal_path, args) = journaled("zombie");
     let out = dir.path().join("zombie-cast");
-    let args = WorkerArgs {
-        journal: Some(journal_path.display().to_string()),
-        ..WorkerArgs::default()
-    };
     let mesh = c.spawn_args("w", 2, &args, SpawnOptions::new()).await;
     let mut failures = mesh.failures();
     let zombie = c.pid_of(&mesh, 1);
@@ -495,12 +520,7 @@ async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_stuck_in_blocking_code_has_its_proc_replaced() {
     let c = Cluster::start(2).await;
-    let dir = regent_tests::tempdir::TempDir::new("mesh", "stuck");
-    let journal_path = dir.path().join("journal");
-    let args = WorkerArgs {
-        journal: Some(journal_path.display().to_string()),
-        ..WorkerArgs::default()
-    };
+    let (_dir, journal_path, args) = journaled("stuck");
     let options = SpawnOptions::new().policy(MeshPolicy::new(Decision::RestartMesh));
     let mesh = c.spawn_args("w", 1, &args, options).await;
     let mut failures = mesh.failures();
@@ -510,14 +530,7 @@ async fn a_member_stuck_in_blocking_code_has_its_proc_replaced() {
         .unwrap()
         .into_result()
         .unwrap();
-    let end = Instant::now() + DEADLINE;
-    while !journal(&journal_path)
-        .iter()
-        .any(|(e, r, _, _, _)| e == "beat" && *r == 1)
-    {
-        assert!(Instant::now() < end, "rank 1 never blocked");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    blocked(&journal_path, 1).await;
     // Another member fails: the whole mesh restarts, and rank 1 must stop.
     let t = Instant::now();
     let _ = mesh.call(&"procs=0".parse().unwrap(), &Op::Fail).await;
@@ -1205,12 +1218,7 @@ async fn members_on_the_proc_thread_run_there_log_as_themselves_and_fail_alone()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_holding_its_procs_thread_gets_the_proc_replaced_and_ended() {
     let c = Cluster::start(2).await;
-    let dir = regent_tests::tempdir::TempDir::new("mesh", "held");
-    let journal_path = dir.path().join("journal");
-    let args = WorkerArgs {
-        journal: Some(journal_path.display().to_string()),
-        ..WorkerArgs::default()
-    };
+    let (_dir, journal_path, args) = journaled("held");
     let mesh: ActorMesh<ProcThreadWorker> = c
         .procs
         .spawn_with("held", 1, &args, SpawnOptions::new())
@@ -1222,14 +1230,7 @@ async fn a_member_holding_its_procs_thread_gets_the_proc_replaced_and_ended() {
     mesh.cast_nowait(&"procs=1".parse().unwrap(), &Op::Block(120_000))
         .await
         .unwrap();
-    let end = Instant::now() + DEADLINE;
-    while !journal(&journal_path)
-        .iter()
-        .any(|(e, r, _, _, _)| e == "beat" && *r == 1)
-    {
-        assert!(Instant::now() < end, "rank 1 never blocked");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    blocked(&journal_path, 1).await;
     let t = Instant::now();
     let failure = tokio::time::timeout(DEADLINE, failures.recv())
         .await
