@@ -345,12 +345,28 @@ pub(crate) async fn as_member<F: Future>(prefix: Option<&Arc<str>>, work: F) -> 
     };
     let mut work = std::pin::pin!(work);
     std::future::poll_fn(|cx| {
-        let before = MEMBER.with(|m| m.replace(Some(prefix.clone())));
-        let out = work.as_mut().poll(cx);
-        MEMBER.with(|m| *m.borrow_mut() = before);
-        out
+        let _marked = Marked::new(prefix);
+        work.as_mut().poll(cx)
     })
     .await
+}
+
+/// The thread marked as a member's while this lives; the mark before comes
+/// back when it is dropped, also when the member's code panics (the panic
+/// is caught further up, and the thread goes on running other code).
+struct Marked(Option<Arc<str>>);
+
+impl Marked {
+    fn new(prefix: &Arc<str>) -> Self {
+        Self(MEMBER.with(|m| m.replace(Some(prefix.clone()))))
+    }
+}
+
+impl Drop for Marked {
+    fn drop(&mut self) {
+        let before = self.0.take();
+        MEMBER.with(|m| *m.borrow_mut() = before);
+    }
 }
 
 /// A `tracing_subscriber` writer for procs: stderr, with every event

@@ -240,3 +240,47 @@ fn a_dead_procs_last_lines_show_the_member_tag_without_its_mark() {
     );
     assert!(!shown.contains(TAG_MARK), "{shown:?}");
 }
+
+fn marked() -> Option<Arc<str>> {
+    MEMBER.with(|m| m.borrow().clone())
+}
+
+/// A member's code polled on a shared thread marks it as the member's
+/// only while it runs: between its polls, after it, and after it panicked
+/// (caught further up, as a life catches its handlers' panics), the mark
+/// is what it was before.
+#[test]
+fn a_members_mark_on_a_shared_thread_lasts_only_while_its_code_runs() {
+    use futures::FutureExt as _;
+    let tag = MemberTag {
+        mesh: "m".into(),
+        rank: 3,
+        generation: 1,
+    };
+    let prefix = member_prefix(&tag).unwrap();
+    assert!(prefix.ends_with("[m r3 g1] "), "{prefix:?}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        assert_eq!(marked(), None);
+        let seen = as_member(Some(&prefix), async {
+            let first = marked();
+            tokio::task::yield_now().await;
+            (first, marked())
+        });
+        // Another task runs between the member's polls, unmarked.
+        let other = tokio::spawn(async { marked() });
+        let (seen, other) = tokio::join!(seen, other);
+        assert_eq!(seen, (Some(prefix.clone()), Some(prefix.clone())));
+        assert_eq!(other.unwrap(), None);
+        assert_eq!(marked(), None);
+        let panicked = std::panic::AssertUnwindSafe(as_member(Some(&prefix), async {
+            panic!("a member's panic");
+        }))
+        .catch_unwind()
+        .await;
+        assert!(panicked.is_err());
+        assert_eq!(marked(), None, "the mark outlived a panic");
+    });
+}
