@@ -32,8 +32,8 @@ pub enum MemberThread {
     /// handlers never block (routers, counters, parameter-server shards
     /// that only copy): a handler that holds the thread delays every member
     /// of the proc and its heartbeats, and held long enough gets the proc
-    /// declared failed. Tasks a member spawns run on the proc's runtime
-    /// and outlive its life.
+    /// declared failed. Tasks a member spawns run on the proc's runtime,
+    /// outlive its life, and log as the proc's, not as the member's.
     Proc,
 }
 
