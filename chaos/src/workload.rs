@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use regent_mesh::{ActorError, ActorMesh, Member, MeshActor, MeshPolicy};
+use regent_mesh::{ActorError, ActorMesh, Member, MemberThread, MeshActor, MeshPolicy};
 use serde::{Deserialize, Serialize};
 
 /// How the message of a panic that [`TallyMsg::Panic`] asked for starts.
@@ -338,6 +338,9 @@ impl MeshActor for Tally {
     type Args = TallyArgs;
     type Msg = TallyMsg;
     type Reply = TallyReply;
+    // Its handlers never block (they count and answer): the chaos suite
+    // and soak exercise members on their proc's thread under every fault.
+    const THREAD: MemberThread = MemberThread::Proc;
 
     async fn new(member: &Member, _args: TallyArgs) -> Result<Self, ActorError> {
         Ok(Self {
