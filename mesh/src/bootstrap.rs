@@ -174,7 +174,11 @@ fn watch_lease(clock: LeaseClock, lease: Duration) -> std::io::Result<()> {
                     watched_from = now;
                 }
                 last = now;
-                let due = deadline.max(watched_from) + grace;
+                let Some(due) = deadline.max(watched_from).checked_add(grace) else {
+                    // Never due; a renewal may bring it back in range.
+                    std::thread::sleep(WATCHDOG_CHECK);
+                    continue;
+                };
                 if now >= due {
                     eprintln!(
                         "regent proc: the owner's lease lapsed {:?} ago and the proc's control \

@@ -88,9 +88,13 @@ pub(crate) fn spawn<A: MeshActor>(
         } else {
             // On a proc's control thread (not in the simulation), what the
             // member's code logs is tagged as its own.
-            let tag = start.own_thread.then(|| member_tag(&start.member));
+            let tag = if start.own_thread {
+                member_tag(&start.member)
+            } else {
+                None
+            };
             tokio::spawn(async move {
-                let end = live::<A>(start, tag.flatten(), actor_tx).await;
+                let end = live::<A>(start, tag, actor_tx).await;
                 let _ = ended_tx.send(end);
             });
         }

@@ -148,11 +148,13 @@ impl LeaseClock {
         self.0.deadline_ms.store(u64::MAX, Ordering::Relaxed);
     }
 
-    /// When the lease lapses (`None`: disarmed, the serve loop has ended).
+    /// When the lease lapses (`None`: disarmed, the serve loop has ended,
+    /// or never).
     pub fn deadline(&self) -> Option<std::time::Instant> {
         match self.0.deadline_ms.load(Ordering::Relaxed) {
             u64::MAX => None,
-            ms => Some(self.0.base + Duration::from_millis(ms)),
+            // A deadline past what an `Instant` holds never comes.
+            ms => self.0.base.checked_add(Duration::from_millis(ms)),
         }
     }
 }
