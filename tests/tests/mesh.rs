@@ -442,10 +442,12 @@ async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
             .into_result()
             .unwrap();
     }
-    // Wake the zombie: it is fenced, told to exit, and its lease has lapsed.
-    // Paused past its lease and the lease watchdog's grace (half the
-    // lease): the watchdog counts only time it saw pass, so the zombie's
-    // loop still runs when it resumes, as without a watchdog.
+    // Wake the zombie, paused past its lease and the lease watchdog's grace
+    // (half the lease): the watchdog counts only time it saw pass, so the
+    // zombie's loop ends it (its members stop gracefully), not the
+    // watchdog. Its lease lapsed: it acts on nothing that waited for it,
+    // its member's cast to itself included, in whichever order its threads
+    // wake.
     tokio::time::sleep_until((t + 2 * LEASE).into()).await;
     c.alloc
         .signal(&zombie_proc, ProcSignal::Cont)
@@ -902,8 +904,8 @@ fn procs_stop_themselves_when_their_owners_lease_lapses() {
 /// a failure timeout past that, so the controller still counts it alive;
 /// its subtree's procs keep their leases (the relay reports them missed
 /// and the controller renews them directly), and their members answer in
-/// their first life. (Proc 0 itself may find its lease lapsed when it
-/// resumes, before it reads what came meanwhile: its fate is not checked.)
+/// their first life. (Proc 0 itself finds its lease lapsed when it
+/// resumes and ends: its fate is not checked.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_relaying_proc_does_not_cut_its_subtree_off_renewals() {
     let endpoint = EndpointConfig {

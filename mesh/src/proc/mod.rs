@@ -810,8 +810,8 @@ where
     publish(lease);
     let exit = loop {
         let delivery = tokio::select! {
-            // Commands first: a renewal that has arrived is taken before the
-            // lease can lapse.
+            // Commands before a stuck member's report; the lease is checked
+            // below for each command as well.
             biased;
             d = commands.recv() => d,
             (mesh, rank) = rt.stuck() => break ProcExit::MemberStuck { mesh, rank },
@@ -820,6 +820,15 @@ where
         let Some(delivery) = delivery else {
             break ProcExit::EndpointClosed;
         };
+        // A lapsed lease is final: nothing is acted on after it, whoever
+        // sent it. A proc resumed after a pause past its lease finds what
+        // came meanwhile (a renewal its owner sent before giving up on it,
+        // a cast of its own members to their old peers) ready together with
+        // the lapse, in either order; and a stream of other procs' casts
+        // keeps this branch ready and must not hide a lapse.
+        if tokio::time::Instant::now() >= lease {
+            break ProcExit::LeaseLapsed;
+        }
         let sender = delivery.sender.proc.clone();
         // The owner is the controller named in the boot, with a controller's
         // certificate: a proc's certificate never commands a proc.
@@ -852,11 +861,6 @@ where
             if renewal && let Some(stats) = &mut stats {
                 stats.send(&endpoint, &fabric.me);
             }
-        }
-        // Checked after every command too: a stream of other procs' casts
-        // keeps the command branch ready and must not hide a lapsed lease.
-        if tokio::time::Instant::now() >= lease {
-            break ProcExit::LeaseLapsed;
         }
     };
     if let Some(clock) = &lease_clock {
