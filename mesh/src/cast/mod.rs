@@ -153,13 +153,17 @@ async fn run_caster(
     // The casts waiting for their results, collected in this task rather
     // than a task each: a call then costs no task of its own.
     let mut collecting = FuturesUnordered::new();
+    // Jobs taken from the channel and not yet dispatched: taken in batches,
+    // so that a sender waiting for room is woken once per batch, not once
+    // per job (each wake is a futex call and a context switch).
+    let mut taken = JobBatch::default();
     loop {
         let mut job = tokio::select! {
             // Results first (they end casts), then new casts; a fixed order,
             // so that a simulated run replays.
             biased;
             Some(()) = collecting.next(), if !collecting.is_empty() => continue,
-            job = jobs.recv() => match job {
+            job = taken.next(&mut jobs) => match job {
                 Some(job) => job,
                 None => break,
             },
@@ -179,6 +183,27 @@ async fn run_caster(
     }
     // The casts already sent still answer their callers.
     while collecting.next().await.is_some() {}
+}
+
+/// The most jobs the caster takes from its channel at once.
+const JOB_BATCH: usize = 64;
+
+/// Jobs taken from the caster's channel, in order.
+#[derive(Default)]
+struct JobBatch {
+    /// Taken, reversed: the next job is last.
+    jobs: Vec<Job>,
+}
+
+impl JobBatch {
+    /// The next job: one already taken, else up to [`JOB_BATCH`] more from
+    /// `rx` (waiting for one); `None` when `rx` is closed and empty.
+    async fn next(&mut self, rx: &mut mpsc::Receiver<Job>) -> Option<Job> {
+        if self.jobs.is_empty() && rx.recv_many(&mut self.jobs, JOB_BATCH).await > 0 {
+            self.jobs.reverse();
+        }
+        self.jobs.pop()
+    }
 }
 
 /// Collects a dispatched cast's results and hands them to its caller.
