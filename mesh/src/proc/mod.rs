@@ -128,20 +128,27 @@ struct LeaseClockInner {
 }
 
 impl LeaseClock {
-    /// A clock whose lease lapses `lease` from now.
+    /// A clock whose lease lapses `lease` from now (never, for a lease
+    /// past what an `Instant` or the clock holds).
     pub fn new(lease: Duration) -> Self {
         let clock = Self(Arc::new(LeaseClockInner {
             base: std::time::Instant::now(),
             deadline_ms: AtomicU64::new(u64::MAX),
         }));
-        clock.set(std::time::Instant::now() + lease);
+        clock.store(lease);
         clock
     }
 
     fn set(&self, deadline: std::time::Instant) {
-        let ms = deadline.saturating_duration_since(self.0.base).as_millis();
-        let ms = u64::try_from(ms).unwrap_or(u64::MAX - 1).min(u64::MAX - 1);
-        self.0.deadline_ms.store(ms, Ordering::Relaxed);
+        self.store(deadline.saturating_duration_since(self.0.base));
+    }
+
+    /// Arms the clock `after` its base.
+    fn store(&self, after: Duration) {
+        let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX - 1);
+        self.0
+            .deadline_ms
+            .store(ms.min(u64::MAX - 1), Ordering::Relaxed);
     }
 
     fn disarm(&self) {
@@ -801,13 +808,15 @@ where
     rt.trust(owner_key);
     ready.await.map_err(ProcError::Ready)?;
     tracing::info!(proc = %endpoint.proc(), "proc ready");
-    let mut lease = tokio::time::Instant::now() + owner_lease;
-    let publish = |lease: tokio::time::Instant| {
+    // The owner's lease from now, published to the watchdog's clock.
+    let renewed = || {
+        let lease = tokio::time::Instant::now() + owner_lease;
         if let Some(clock) = &lease_clock {
             clock.set(lease.into_std());
         }
+        lease
     };
-    publish(lease);
+    let mut lease = renewed();
     let exit = loop {
         let delivery = tokio::select! {
             // Commands before a stuck member's report; the lease is checked
@@ -842,8 +851,7 @@ where
         };
         if from_owner {
             // Any command from the owner shows it is alive.
-            lease = tokio::time::Instant::now() + owner_lease;
-            publish(lease);
+            lease = renewed();
             if matches!(cmd, ProcCommand::Renew | ProcCommand::Exit)
                 && let Some(stats) = &mut stats
             {
@@ -856,8 +864,7 @@ where
         if let Some(renewal) = rt.take_owner_heard() {
             // A command the owner signed, relayed by another proc: the
             // owner is alive.
-            lease = tokio::time::Instant::now() + owner_lease;
-            publish(lease);
+            lease = renewed();
             if renewal && let Some(stats) = &mut stats {
                 stats.send(&endpoint, &fabric.me);
             }
@@ -873,4 +880,31 @@ where
     dispatcher.abort();
     endpoint.close();
     Ok(exit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The clock is public: any lease makes a clock, a huge one never
+    /// lapses (no `Instant` overflow), and a renewal moves the deadline.
+    #[test]
+    fn a_lease_clock_takes_any_lease_and_follows_renewals() {
+        let before = std::time::Instant::now();
+        let clock = LeaseClock::new(Duration::from_secs(3));
+        let deadline = clock.deadline().expect("armed");
+        assert!(deadline >= before + Duration::from_millis(2999));
+        assert!(deadline <= std::time::Instant::now() + Duration::from_secs(3));
+        let huge = LeaseClock::new(Duration::MAX);
+        assert!(
+            huge.deadline()
+                .is_none_or(|d| d > before + Duration::from_secs(365 * 24 * 3600)),
+            "a huge lease lapses"
+        );
+        clock.set(before + Duration::from_secs(60));
+        let moved = clock.deadline().expect("armed");
+        assert!(moved > deadline + Duration::from_secs(50), "{moved:?}");
+        clock.disarm();
+        assert_eq!(clock.deadline(), None);
+    }
 }
