@@ -54,6 +54,9 @@ const ROUNDS: usize = 3;
 const PARALLEL_STREAMS: u32 = 2;
 /// The raw TCP stream's write and read size.
 const RAW_CHUNK_BYTES: usize = 4 * MIB;
+/// The largest transfer the raw TCP baseline's server takes (the largest
+/// figure's size): a longer request is refused, not allocated.
+const MAX_RAW_BYTES: usize = 1 << 30;
 
 fn size_name(bytes: usize) -> String {
     if bytes >= 1 << 30 {
@@ -504,6 +507,10 @@ async fn serve_raw(mut sock: TcpStream) -> anyhow::Result<()> {
         let mut len = [0u8; 8];
         len.copy_from_slice(&req[1..]);
         let len = usize::try_from(u64::from_le_bytes(len))?;
+        anyhow::ensure!(
+            len <= MAX_RAW_BYTES,
+            "a raw transfer of {len} bytes (at most {MAX_RAW_BYTES})"
+        );
         if buf.len() != len {
             buf = vec![1u8; len];
         }
