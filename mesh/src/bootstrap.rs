@@ -159,8 +159,8 @@ const WATCHDOG_CHECK: Duration = Duration::from_millis(250);
 /// owner replaced the proc when the proc fell silent; this ends the zombie
 /// within a lease. The grace counts only time this thread saw pass: after
 /// a gap in its checks (the process was stopped, SIGSTOP, or starved of a
-/// core) the loop gets a whole grace from then to read what came
-/// meanwhile, as it would have without a watchdog.
+/// core) the loop gets a whole grace from then to end the proc itself,
+/// stopping its members gracefully, as it would have without a watchdog.
 fn watch_lease(clock: LeaseClock, lease: Duration) -> std::io::Result<()> {
     let grace = watchdog_grace(lease);
     std::thread::Builder::new()

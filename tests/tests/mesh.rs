@@ -340,7 +340,6 @@ fn journal(path: &std::path::Path) -> Vec<(String, u32, u64, u32, String)> {
         .collect()
 }
 
-/// Waits until `path` holds something (or the deadline passes).
 /// A temporary directory with a journal in it, and worker arguments that
 /// make every life write to that journal.
 fn journaled(
@@ -371,6 +370,7 @@ async fn blocked(journal_path: &std::path::Path, rank: u32) {
     }
 }
 
+/// Waits until `path` holds something (or the deadline passes).
 fn wait_for_file(path: &std::path::Path, deadline: Duration) -> Option<String> {
     let end = Instant::now() + deadline;
     loop {
@@ -384,10 +384,11 @@ fn wait_for_file(path: &std::path::Path, deadline: Duration) -> Option<String> {
 
 /// SIGSTOP a proc past the failure timeout: it is declared failed (link),
 /// its members are respawned on a fresh proc in a new generation; after
-/// SIGCONT (two leases after the stop) the zombie is fenced: its members got nothing of the new
-/// generation, what it casts to its old peers is refused by every live proc,
-/// it exits (its lease lapsed, and it is told to), its exit causes no
-/// restart, and no two live members ever share a rank in one generation.
+/// SIGCONT (two leases after the stop) the zombie is fenced: its members
+/// got nothing of the new generation, what its member casts to its old
+/// peers reaches no one (live procs refuse it, and the zombie, its lease
+/// lapsed, acts on nothing), it exits, its exit causes no restart, and no
+/// two live members ever share a rank in one generation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigstopped_proc_is_replaced_and_the_zombie_fenced() {
     const ZOMBIE_MARK: u64 = 999;
