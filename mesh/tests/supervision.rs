@@ -526,3 +526,103 @@ async fn stopping_procs_on_purpose_is_not_a_failure() {
     assert!(rt.job_failure().is_none());
     assert!(rt.live_meshes().is_empty());
 }
+
+/// An in-process allocator that notes, at each `allocate`, the status of
+/// the mesh it watches (once one is set).
+struct StatusAtAllocate {
+    inner: Arc<InProcAllocator>,
+    mesh: std::sync::Mutex<Option<ActorMesh<Worker>>>,
+    seen: std::sync::Mutex<Vec<MeshStatus>>,
+}
+
+impl Allocator for StatusAtAllocate {
+    fn allocate(
+        &self,
+        boots: Vec<regent_mesh::alloc::ProcBoot>,
+    ) -> regent_mesh::alloc::AllocFuture<'_, Vec<regent_mesh::alloc::AllocatedProc>> {
+        if let Some(mesh) = self.mesh.lock().unwrap().as_ref() {
+            self.seen.lock().unwrap().push(mesh.status());
+        }
+        self.inner.allocate(boots)
+    }
+
+    fn stop(
+        &self,
+        proc: &regent_net::ProcId,
+        grace: Duration,
+    ) -> regent_mesh::alloc::AllocFuture<'_, regent_mesh::alloc::ProcStatus> {
+        self.inner.stop(proc, grace)
+    }
+
+    fn signal(
+        &self,
+        proc: &regent_net::ProcId,
+        signal: ProcSignal,
+    ) -> regent_mesh::alloc::AllocFuture<'_, ()> {
+        self.inner.signal(proc, signal)
+    }
+
+    fn take_events(&self) -> Option<tokio::sync::mpsc::Receiver<regent_mesh::alloc::ProcEvent>> {
+        self.inner.take_events()
+    }
+}
+
+/// A warm spare taken by a restart is replaced once the restart is done,
+/// not while it runs (a new proc's start would take CPU from it): every
+/// proc started after the kill was asked for while the mesh was running
+/// again, and the spare was refilled. (With the refill started when the
+/// spare is taken, it is asked for while the mesh is `Restarting`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spare_taken_by_a_restart_is_replaced_after_the_restart() {
+    let rt = Runtime::start(RuntimeConfig::default().call_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let alloc = Arc::new(StatusAtAllocate {
+        inner: Arc::new(InProcAllocator::default()),
+        mesh: std::sync::Mutex::new(None),
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let pm = rt
+        .spawn_procs(alloc.clone(), Shape::new([("procs", 2)]).unwrap())
+        .await
+        .unwrap();
+    pm.keep_spares(1).await.unwrap();
+    let spare = pm.spares();
+    assert_eq!(spare.len(), 1, "{spare:?}");
+    let mesh = pm
+        .spawn_with::<Worker>(
+            "w",
+            1,
+            &(),
+            SpawnOptions::new().policy(MeshPolicy::new(Decision::RestartMember)),
+        )
+        .await
+        .unwrap();
+    *alloc.mesh.lock().unwrap() = Some(mesh.clone());
+    let mut failures = mesh.failures();
+    let victim = mesh.procs()[1].proc.clone();
+    alloc.signal(&victim, ProcSignal::Kill).await.unwrap();
+    tokio::time::timeout(DEADLINE, failures.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    running_at(&mesh, 1).await;
+    assert_eq!(mesh.procs()[1].proc, spare[0].proc, "the spare took rank 1");
+    let until = Instant::now() + DEADLINE;
+    while pm.spares().is_empty() {
+        assert!(Instant::now() < until, "the spare was not refilled");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seen = alloc.seen.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "no proc was started after the kill");
+    assert!(
+        seen.iter().all(|s| *s == MeshStatus::Running),
+        "procs asked for while the mesh was {seen:?}"
+    );
+    mesh.call(&Selection::All, &Op::Bump)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    pm.stop(Duration::from_secs(2)).await.unwrap();
+}

@@ -444,9 +444,9 @@ impl Supervisor {
         false
     }
 
-    /// Ends a restart; a failed one is reported (to observers, the owner and
-    /// the machine) as a start failure of the restarted ranks in the new
-    /// generation.
+    /// Ends a restart, and starts replacing the warm spares it took; a
+    /// failed one is reported (to observers, the owner and the machine) as
+    /// a start failure of the restarted ranks in the new generation.
     async fn after_restart(
         &mut self,
         r: Result<(), MeshError>,
@@ -465,6 +465,7 @@ impl Supervisor {
         match r {
             Ok(()) => {
                 self.shared.status.send_replace(MeshStatus::Running);
+                self.slots.restart_ended();
                 let at = self.rt.elapsed_ms();
                 let ranks: Vec<u32> = ranks.iter().map(|r| r.0).collect();
                 let after = self.record(|r| r.recovered(&ranks, at));
@@ -480,6 +481,7 @@ impl Supervisor {
                 actions.extend(self.machine.handle(now, event));
             }
             Err(e) => {
+                self.slots.restart_ended();
                 let message = e.to_string();
                 tracing::warn!(mesh = %self.shared.info().name, error = %message, "restart failed");
                 let event = MeshEvent::Restarted {
