@@ -35,8 +35,11 @@ pub struct ManagerConfig {
     /// Requests in flight per tcp connection. Default 4.
     pub tcp_window_chunks: NonZeroU32,
     /// Connections per (reader, owner) pair used by one operation.
-    /// Default 1 (2 cores on the reference machine; more spreads TLS over
-    /// more cores where there are some).
+    /// Default 1 (2 cores on the reference machine). The owner serves each
+    /// connection in a task of its own, so more spread its side (a read's
+    /// copy and sealing) over its runtime's threads; the caller drives all
+    /// of one operation's connections from its one task, so a write's
+    /// copy and sealing stay on one core.
     pub tcp_connections: NonZeroU32,
     /// Authenticated connections the tcp server serves at once (counted
     /// once the handshake and identity check are done). Default 256.
