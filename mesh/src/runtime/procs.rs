@@ -82,7 +82,7 @@ struct Spares {
 /// How long after a restart ends the spares it took start to be replaced.
 /// `regent bench recovery` (2 cores, 12 kills): with the refill started
 /// when a spare is taken, or when the restart ends, the member answers
-/// 5-6 ms after the failure (p50); 100 ms later, 2.6-3 ms.
+/// 5-6 ms after the failure (p50); 100 ms later, 2.9-3.2 ms.
 const SPARE_REFILL_SETTLE: Duration = Duration::from_millis(100);
 
 /// How long the spares' watcher waits for news of a lost proc before it
