@@ -10,6 +10,14 @@
 //!   processes of this binary (`control_rtt_p50`, a 64-byte request and
 //!   reply between two actors over QUIC, what `net.rtt_p50` measures): the
 //!   share of a call that is the transport's.
+//! - `call_rtt_cpu` and `call_rtt_runs`: what those calls cost the
+//!   controller's process and the member's proc together, per call: CPU
+//!   time, and how often any of their threads was put on a CPU (a wake-up
+//!   each, mostly), against the same for the TCP echoes (`tcp_echo_cpu`,
+//!   `tcp_echo_runs`), from the scheduler's counts over the same blocks.
+//!   One call at a time keeps one of the two at work while the other
+//!   waits, so a round trip whose CPU is close to its time is bound by
+//!   the work done per wake-up, and the runs say how many wake-ups that is.
 //! - `pipelined_calls`: calls per second with [`IN_FLIGHT`] calls in flight
 //!   to that member, against the control plane's one-way message rate
 //!   between two processes of this binary (`control_one_way`, what
@@ -90,14 +98,23 @@ pub(crate) async fn run<A: CallTarget>(
     let mut tcp = TcpStream::connect(("127.0.0.1", port)).await?;
     tcp.set_nodelay(true)?;
     let mut control = ControlPeer::start().await?;
+    let BenchReply::Pid(proc_pid) = mesh.call_one(member, &BenchOp::Pid).await? else {
+        anyhow::bail!("the member named no process");
+    };
     // Warm the three paths up.
     let (mut calls, mut echoes, mut controls) = (Vec::new(), Vec::new(), Vec::new());
     call_round_trips(&mesh, member, per_block, &mut Vec::new()).await?;
     tcp_round_trips(&mut tcp, per_block, &mut Vec::new()).await?;
     control.round_trips(per_block, &mut Vec::new()).await?;
+    // What the round trips cost both processes, summed over the blocks.
+    let (mut call_cost, mut echo_cost) = (Cost::default(), Cost::default());
     for _ in 0..blocks {
+        let before = Cost::of(proc_pid)?;
         call_round_trips(&mesh, member, per_block, &mut calls).await?;
+        call_cost.add(before, Cost::of(proc_pid)?);
+        let before = Cost::of(proc_pid)?;
         tcp_round_trips(&mut tcp, per_block, &mut echoes).await?;
+        echo_cost.add(before, Cost::of(proc_pid)?);
         control.round_trips(per_block, &mut controls).await?;
     }
     calls.sort_unstable();
@@ -130,12 +147,31 @@ pub(crate) async fn run<A: CallTarget>(
         );
     }
 
+    let n = (blocks * per_block) as f64;
+    report.push(
+        Figure::new(
+            SUITE,
+            &format!("call_rtt_cpu{suffix}"),
+            call_cost.cpu.as_secs_f64() * 1e6 / n,
+            "us",
+        )
+        .samples(blocks * per_block)
+        .against("tcp_echo_cpu", echo_cost.cpu.as_secs_f64() * 1e6 / n, "us"),
+    );
+    report.push(
+        Figure::new(
+            SUITE,
+            &format!("call_rtt_runs{suffix}"),
+            call_cost.runs as f64 / n,
+            "runs",
+        )
+        .samples(blocks * per_block)
+        .against("tcp_echo_runs", echo_cost.runs as f64 / n, "runs"),
+    );
+
     // Rates, interleaved with their baseline over rounds, and the CPU of
     // both processes per call, cast and message (machine noise moves it far
     // less than the rates).
-    let BenchReply::Pid(proc_pid) = mesh.call_one(member, &BenchOp::Pid).await? else {
-        anyhow::bail!("the member named no process");
-    };
     let pair = |other: u32| -> anyhow::Result<Duration> { Ok(process_cpu()? + cpu_of(other)?) };
     let per = |before: Duration, after: Duration, n: usize| {
         after.saturating_sub(before).as_secs_f64() * 1e6 / n as f64
@@ -287,22 +323,60 @@ pub(crate) async fn cpu_per_cast(
 /// (`/proc/<pid>/task/*/schedstat`; `getrusage` counts only this process,
 /// and `/proc/<pid>/stat` in clock ticks of 10 ms). Threads that ended are
 /// not counted: the procs and the peer keep theirs while measured.
-fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
-    let mut ns = 0u64;
+pub(crate) fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
+    Ok(Duration::from_nanos(schedstat(pid)?.0))
+}
+
+/// What this process and a proc spent so far: CPU time, and the times any
+/// of their threads was put on a CPU (each a wake-up, or a return after
+/// preemption), from the scheduler's own counts.
+#[derive(Clone, Copy, Default)]
+struct Cost {
+    cpu: Duration,
+    runs: u64,
+}
+
+impl Cost {
+    fn of(proc_pid: u32) -> anyhow::Result<Self> {
+        let (me, proc) = (std::process::id(), proc_pid);
+        let (a, b) = (schedstat(me)?, schedstat(proc)?);
+        Ok(Self {
+            cpu: Duration::from_nanos(a.0 + b.0),
+            runs: a.1 + b.1,
+        })
+    }
+
+    /// Adds what was spent between `before` and `after`.
+    fn add(&mut self, before: Self, after: Self) {
+        self.cpu += after.cpu.saturating_sub(before.cpu);
+        self.runs += after.runs.saturating_sub(before.runs);
+    }
+}
+
+/// A process's on-CPU nanoseconds and runs, summed over its threads
+/// (`/proc/<pid>/task/*/schedstat`: time on a CPU, time waiting to run,
+/// runs). Threads that ended are left out: these figures' processes keep
+/// theirs.
+fn schedstat(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let (mut ns, mut runs) = (0u64, 0u64);
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let path = task?.path().join("schedstat");
         // A thread may end between the listing and the read.
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;
         };
-        let on_cpu = text
+        let fields: Vec<u64> = text
             .split_whitespace()
-            .next()
-            .and_then(|n| n.parse::<u64>().ok())
+            .map(str::parse)
+            .collect::<Result<_, _>>()
             .with_context(|| format!("{}: {text:?}", path.display()))?;
+        let [on_cpu, _, n] = fields[..] else {
+            anyhow::bail!("{}: {text:?}", path.display());
+        };
         ns = ns.saturating_add(on_cpu);
+        runs = runs.saturating_add(n);
     }
-    Ok(Duration::from_nanos(ns))
+    Ok((ns, runs))
 }
 
 /// This process's CPU time so far (user and system, every thread, also
