@@ -9,6 +9,12 @@
 //!   the same size between the same two processes, plain tokio sockets
 //!   from and into populated buffers of that size on both sides
 //!   (`tcp_raw_{read,write}_<size>`);
+//! - `tcp_{read,write}_<size>_cpu` (and `_2conns_cpu`): the CPU both
+//!   processes spent per GB moved by those operations (every thread, from
+//!   the scheduler's counts), against the same for the raw stream
+//!   (`tcp_raw_{read,write}_<size>_cpu`). A path that costs C ms of CPU
+//!   per GB moves at most (cores × 1000 / C) GB/s: at 1,000 ms/GB, 2 GB/s
+//!   on 2 cores, whatever the raw stream (which leaves cores idle) does;
 //! - for 64 MiB and up, the same tcp figures with two connections per
 //!   operation (`tcp_{read,write}_<size>_2conns`, parallel streams each
 //!   carrying every other chunk), against the same baselines;
@@ -176,6 +182,13 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         let by = |conns: u32| if conns == 1 { &reader } else { &reader2 };
         let mut raw_read = Samples::default();
         let mut raw_write = Samples::default();
+        // CPU of both processes over each tcp figure's operations and over
+        // the raw ones, by (write, connections) and by direction.
+        let mut tcp_cpu: Vec<Duration> = vec![Duration::ZERO; figures.len()];
+        let (mut raw_read_cpu, mut raw_write_cpu) = (Duration::ZERO, Duration::ZERO);
+        let pair_cpu = || -> anyhow::Result<Duration> {
+            Ok(super::calls::cpu_of(std::process::id())? + super::calls::cpu_of(peer.pid())?)
+        };
         // Warm up: map the segment, open the connections.
         for (kind, write, conns, _) in &figures {
             transfer(by(*conns), &handle, *kind, *write, &mut local).await?;
@@ -190,30 +203,48 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
                 memcpy.0.push(t.elapsed());
             }
             std::hint::black_box(&dst[..]);
-            for (kind, write, conns, samples) in &mut figures {
+            for (i, (kind, write, conns, samples)) in figures.iter_mut().enumerate() {
+                let before = pair_cpu()?;
                 for _ in 0..n {
                     let t = Instant::now();
                     transfer(by(*conns), &handle, *kind, *write, &mut local).await?;
                     samples.0.push(t.elapsed());
                 }
                 if *kind == BackendKind::Tcp {
-                    let raw_samples = if *write {
-                        &mut raw_write
+                    tcp_cpu[i] += pair_cpu()?.saturating_sub(before);
+                    let (raw_samples, raw_cpu) = if *write {
+                        (&mut raw_write, &mut raw_write_cpu)
                     } else {
-                        &mut raw_read
+                        (&mut raw_read, &mut raw_read_cpu)
                     };
+                    let before = pair_cpu()?;
                     for _ in 0..n {
                         let t = Instant::now();
                         raw_transfer(&mut raw, *write, local.as_mut_slice()?).await?;
                         raw_samples.0.push(t.elapsed());
                     }
+                    *raw_cpu += pair_cpu()?.saturating_sub(before);
                 }
             }
         }
         let memcpy_rate = memcpy.rate(bytes);
         let memcpy_name = format!("memcpy_{name}");
         let (raw_read_rate, raw_write_rate) = (raw_read.rate(bytes), raw_write.rate(bytes));
-        for (kind, write, conns, samples) in &mut figures {
+        // CPU milliseconds per GB moved (both processes); the raw ones
+        // moved as many bytes per figure as each tcp figure.
+        let ms_per_gb =
+            |cpu: Duration, ops: usize| cpu.as_secs_f64() * 1e3 / (ops * bytes) as f64 * 1e9;
+        let ops = ROUNDS * n;
+        let raw_figures = |write: bool| {
+            figures
+                .iter()
+                .filter(|f| f.0 == BackendKind::Tcp && f.1 == write)
+                .count()
+                .max(1)
+        };
+        let raw_read_cost = ms_per_gb(raw_read_cpu, ops * raw_figures(false));
+        let raw_write_cost = ms_per_gb(raw_write_cpu, ops * raw_figures(true));
+        for (i, (kind, write, conns, samples)) in figures.iter_mut().enumerate() {
             let op = if *write { "write" } else { "read" };
             let rate = samples.rate(bytes);
             let name = if *conns == 1 {
@@ -239,6 +270,25 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
                         &format!("tcp_raw_{op}_{}", size_name(bytes)),
                         raw_rate,
                         "GB/s",
+                    ),
+                );
+                let raw_cost = if *write {
+                    raw_write_cost
+                } else {
+                    raw_read_cost
+                };
+                report.push(
+                    Figure::new(
+                        SUITE,
+                        &format!("tcp_{op}_{name}_cpu"),
+                        ms_per_gb(tcp_cpu[i], ops),
+                        "ms/GB",
+                    )
+                    .samples(ops)
+                    .against(
+                        &format!("tcp_raw_{op}_{}_cpu", size_name(bytes)),
+                        raw_cost,
+                        "ms/GB",
                     ),
                 );
             }
