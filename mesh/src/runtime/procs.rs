@@ -176,6 +176,10 @@ impl ProcSlots {
     /// the first work after it, runs: starting a process loads libtorch,
     /// CPU the recovering mesh needs more).
     pub(crate) fn restart_ended(self: &Arc<Self>) {
+        if self.spares.lock().expect("spares lock").target == 0 {
+            // No spares kept: none to replace (and no timer task).
+            return;
+        }
         let slots = self.clone();
         let ended = Instant::now();
         tokio::spawn(async move {
