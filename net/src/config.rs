@@ -91,7 +91,16 @@ pub struct EndpointConfig {
     /// datagrams, at most 16 KiB, 4 MiB for all): past it, quinn refuses at
     /// once. Default 1024.
     pub max_pending_handshakes: NonZeroUsize,
+    /// The longest a control thread (the controller's, a proc's) keeps
+    /// polling for the next message after it moved one, before it parks;
+    /// the window adapts below it (see [`crate::spin`]). Zero: never.
+    /// Default 200 us; at most [`MAX_CONTROL_SPIN`].
+    pub control_spin: Duration,
 }
+
+/// The longest [`EndpointConfig::control_spin`]: past a few hundred
+/// microseconds a spin buys nothing a park would not.
+pub const MAX_CONTROL_SPIN: Duration = Duration::from_millis(10);
 
 /// The longest duration an [`EndpointConfig`] accepts for any of its
 /// timeouts and intervals (one day): longer is surely a mistake, and the
@@ -121,6 +130,7 @@ impl Default for EndpointConfig {
             advertised_addr: None,
             max_handshakes: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
             max_pending_handshakes: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
+            control_spin: Duration::from_micros(200),
         }
     }
 }
@@ -180,6 +190,8 @@ setters! {
     max_handshakes: NonZeroUsize;
     /// Sets the bound on connection attempts waiting for a handshake slot.
     max_pending_handshakes: NonZeroUsize;
+    /// Sets the control threads' spin window.
+    control_spin: Duration;
 }
 
 impl EndpointConfig {
@@ -205,6 +217,12 @@ impl EndpointConfig {
                     "{name} = {d:?} is longer than {MAX_CONFIG_DURATION:?}"
                 ));
             }
+        }
+        if self.control_spin > MAX_CONTROL_SPIN {
+            return bad(format!(
+                "control_spin = {:?} is longer than {MAX_CONTROL_SPIN:?}",
+                self.control_spin
+            ));
         }
         if self.heartbeat_interval.is_zero() {
             return bad("heartbeat_interval is zero".into());

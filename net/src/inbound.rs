@@ -671,7 +671,10 @@ async fn receive_stream(
                 }
             }
             chunk = recv.read_chunk(READ_CHUNK_BYTES, true) => match chunk {
-                Ok(Some(chunk)) => decoder.push(&chunk.bytes),
+                Ok(Some(chunk)) => {
+                    crate::spin::poke();
+                    decoder.push(&chunk.bytes)
+                }
                 Ok(None) => {
                     if let Err(e) = decoder.finish() {
                         return violation(&inner, &peer, e, last_seen, &mut replies, &mut send, &mut recv).await;

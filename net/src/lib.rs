@@ -76,6 +76,7 @@ mod outbound;
 pub mod session;
 #[cfg(feature = "sim")]
 pub mod sim;
+pub mod spin;
 pub mod tls;
 pub mod wire;
 

@@ -693,6 +693,7 @@ async fn run_stream(
             (taken, state.last_send)
         };
         if let Some(mut send) = taken {
+            crate::spin::poke();
             let write = send.write_all_chunks(&mut chunks);
             let result = tokio::select! {
                 biased;

@@ -1,0 +1,201 @@
+//! Keeping a control thread awake between the messages of an exchange.
+//!
+//! Waking a thread whose CPU went idle is the dearest step of a round trip
+//! on a virtual machine: the CPU halts, and the wake-up takes an
+//! inter-processor interrupt and the hypervisor's return from the halt
+//! (measured on the 2-core reference machine: a call to a member took
+//! 120-160 us with both control threads parking between messages, 35-50 us
+//! with both kept awake, where a raw TCP echo took 30-60 us). So a control
+//! thread that moved a message keeps polling for the next one for a short
+//! window before it parks, as the kernel's `haltpoll` idle driver does for
+//! a whole CPU (off on that machine).
+//!
+//! The window adapts like `haltpoll`'s: it grows (from [`GROW_START`],
+//! doubling, up to the configured maximum) while the thread's idle
+//! stretches end within the maximum, and halves after one that did not,
+//! so a thread that hears a heartbeat or a renewal now and then does not
+//! spin at all, and one in a call-and-answer exchange spins for the time
+//! between its messages. While it spins, the thread yields its CPU to any
+//! other thread ready on it (`sched_yield`) at every turn: a member's
+//! compute on that CPU runs first, the spin only takes time the CPU would
+//! have spent halted.
+//!
+//! [`keep_awake`] runs on the control thread (a task of its current-thread
+//! runtime); the control plane's inbound and outbound tasks call [`poke`]
+//! when they move bytes. On a thread without a spinner (a multi-thread
+//! runtime's worker, a simulation) a poke does nothing.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The first window after the thread's idle stretches fit the maximum.
+pub const GROW_START: Duration = Duration::from_micros(20);
+
+/// The spinner of one thread.
+struct Spinner {
+    base: Instant,
+    /// Nanoseconds after `base` of the last poke.
+    last_ns: AtomicU64,
+    /// Whether the spinner is polling now (a poke then need not wake it).
+    spinning: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl Spinner {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn since_last(&self) -> Duration {
+        Duration::from_nanos(
+            self.now_ns()
+                .saturating_sub(self.last_ns.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+thread_local! {
+    static SPINNER: RefCell<Option<Arc<Spinner>>> = const { RefCell::new(None) };
+}
+
+/// Notes that this thread moved a message: its spinner (if it has one)
+/// keeps it polling for the current window from now.
+pub(crate) fn poke() {
+    SPINNER.with(|s| {
+        if let Some(s) = &*s.borrow() {
+            s.last_ns.store(s.now_ns(), Ordering::Relaxed);
+            if !s.spinning.load(Ordering::Relaxed) {
+                s.wake.notify_one();
+            }
+        }
+    });
+}
+
+/// The next window, after an idle stretch of `idle` that ended in a
+/// message: grown while stretches fit `max`, halved after one that did not.
+pub fn next_window(window: Duration, idle: Duration, max: Duration) -> Duration {
+    if idle <= max {
+        (window * 2).max(GROW_START).min(max)
+    } else {
+        window / 2
+    }
+}
+
+/// Keeps the current thread polling for up to `max` after each message
+/// (see the module's doc); never returns. Spawn it on the control thread's
+/// current-thread runtime: it serves the thread it is first polled on.
+/// A zero `max` turns it off.
+pub async fn keep_awake(max: Duration) {
+    if max.is_zero() {
+        return std::future::pending().await;
+    }
+    let spinner = Arc::new(Spinner {
+        base: Instant::now(),
+        last_ns: AtomicU64::new(0),
+        spinning: AtomicBool::new(false),
+        wake: tokio::sync::Notify::new(),
+    });
+    SPINNER.with(|s| *s.borrow_mut() = Some(spinner.clone()));
+    let mut window = Duration::ZERO;
+    let mut parked_at = Instant::now();
+    loop {
+        spinner.wake.notified().await;
+        // A message after an idle stretch: had the stretch fit the
+        // maximum, a spin would have caught it.
+        let idle = parked_at.elapsed().saturating_sub(spinner.since_last());
+        window = next_window(window, idle, max);
+        if window.is_zero() {
+            parked_at = Instant::now();
+            continue;
+        }
+        spinner.spinning.store(true, Ordering::Relaxed);
+        while spinner.since_last() < window {
+            // Any other thread ready on this CPU runs first.
+            std::thread::yield_now();
+            // The runtime polls its sockets (without blocking) and runs
+            // what they woke before this task again.
+            tokio::task::yield_now().await;
+        }
+        spinner.spinning.store(false, Ordering::Relaxed);
+        parked_at = Instant::now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn the_window_grows_while_idle_stretches_fit_and_halves_after_one_that_does_not() {
+        let max = Duration::from_micros(200);
+        let mut w = Duration::ZERO;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            w = next_window(w, Duration::from_micros(50), max);
+            seen.push(w.as_micros());
+        }
+        assert_eq!(seen, [20, 40, 80, 160, 200, 200]);
+        w = next_window(w, Duration::from_millis(100), max);
+        assert_eq!(w, Duration::from_micros(100));
+        for _ in 0..20 {
+            w = next_window(w, Duration::from_millis(100), max);
+        }
+        assert_eq!(w, Duration::ZERO, "rare messages: no spin at all");
+    }
+
+    /// Parks of a current-thread runtime over `rounds` exchanges, each a
+    /// poke then a message `gap` later from another thread.
+    fn parks(max: Duration, gap: Duration, rounds: usize) -> usize {
+        let parks = Arc::new(AtomicUsize::new(0));
+        let counted = parks.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(move || {
+                counted.fetch_add(1, Ordering::Relaxed);
+            })
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::spawn(keep_awake(max));
+            tokio::task::yield_now().await;
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let sender = std::thread::spawn(move || {
+                for _ in 0..rounds {
+                    std::thread::sleep(gap);
+                    if tx.send(()).is_err() {
+                        return;
+                    }
+                }
+            });
+            // Warm the window up, then count.
+            for i in 0..rounds {
+                poke();
+                rx.recv().await.unwrap();
+                if i == rounds / 2 {
+                    parks.store(0, Ordering::Relaxed);
+                }
+            }
+            sender.join().unwrap();
+        });
+        parks.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_thread_in_an_exchange_stays_awake_and_a_quiet_one_parks() {
+        let rounds = 40;
+        // Messages 1 ms apart within a 20 ms window: the thread polls
+        // through (a park or two where the sender's sleep ran long).
+        let hot = parks(Duration::from_millis(20), Duration::from_millis(1), rounds);
+        // The same without a spinner: a park per message.
+        let off = parks(Duration::ZERO, Duration::from_millis(1), rounds);
+        // Messages 5 ms apart past a 1 ms window: the window shrinks to
+        // nothing, a park per message.
+        let quiet = parks(Duration::from_millis(1), Duration::from_millis(5), rounds);
+        assert!(hot <= 3, "kept awake, yet parked {hot} times");
+        assert!(off >= rounds / 2 - 1, "no spinner, parked {off} times");
+        assert!(quiet >= rounds / 2 - 1, "quiet, parked only {quiet} times");
+    }
+}
