@@ -130,6 +130,11 @@ async fn run_proc() -> i32 {
         seed: None,
         lease_clock: Some(lease_clock),
     };
+    // This runtime is the proc's control thread (current-thread): keep it
+    // polling between the messages of an exchange (`regent_net::spin`).
+    drop(tokio::spawn(regent_net::spin::keep_awake(
+        start.boot.endpoint.control_spin,
+    )));
     let ready = async { start.report_ready().await.map_err(|e| e.to_string()) };
     match proc::serve(setup, ready).await {
         Ok(ProcExit::Requested) => EXIT_REQUESTED,

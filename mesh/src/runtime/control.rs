@@ -67,6 +67,12 @@ impl ControlThread {
         })
     }
 
+    /// Keeps the control thread polling for up to `max` after each message
+    /// it moves ([`regent_net::spin`]), for as long as it runs.
+    pub(crate) fn keep_awake(&self, max: std::time::Duration) {
+        drop(self.handle.spawn(regent_net::spin::keep_awake(max)));
+    }
+
     /// Runs `f` on the control thread (at once when already there) and
     /// returns its output. Dropping the returned future before it is done
     /// cancels `f` there, as dropping `f` itself would. A panic in `f` is

@@ -137,6 +137,7 @@ impl Runtime {
             return bound(config, None);
         }
         let control = Arc::new(control::ControlThread::start()?);
+        control.keep_awake(config.endpoint.control_spin);
         // Binding starts the endpoint's tasks, and `on_endpoint` the
         // controller's: all on the control thread's runtime.
         control.enter(|| bound(config, Some(control.clone())))
