@@ -687,6 +687,7 @@ fn config_durations_are_bounded() {
         EndpointConfig::default()
             .failure_timeout(too_long)
             .heartbeat_interval(Duration::from_secs(1)),
+        EndpointConfig::default().control_spin(config::MAX_CONTROL_SPIN + Duration::from_nanos(1)),
     ] {
         assert!(
             matches!(config.validate(), Err(Error::Config(_))),
@@ -695,6 +696,11 @@ fn config_durations_are_bounded() {
     }
     EndpointConfig::default()
         .reconnect_timeout(config::MAX_CONFIG_DURATION)
+        .control_spin(config::MAX_CONTROL_SPIN)
+        .validate()
+        .unwrap();
+    EndpointConfig::default()
+        .control_spin(Duration::ZERO)
         .validate()
         .unwrap();
 }

@@ -137,10 +137,13 @@ impl Runtime {
             return bound(config, None);
         }
         let control = Arc::new(control::ControlThread::start()?);
-        control.keep_awake(config.endpoint.control_spin);
+        let spin = config.endpoint.control_spin;
         // Binding starts the endpoint's tasks, and `on_endpoint` the
         // controller's: all on the control thread's runtime.
-        control.enter(|| bound(config, Some(control.clone())))
+        let runtime = control.enter(|| bound(config, Some(control.clone())))?;
+        // The endpoint took its settings (`control_spin` bounded among them).
+        control.keep_awake(spin);
+        Ok(runtime)
     }
 
     /// Starts a controller whose endpoint is bound at `config.bind` on a
