@@ -21,7 +21,7 @@
 //! have spent halted.
 //!
 //! [`keep_awake`] runs on the control thread (a task of its current-thread
-//! runtime); the control plane's inbound and outbound tasks call [`poke`]
+//! runtime); the control plane's inbound and outbound tasks call `poke`
 //! when they move bytes. On a thread without a spinner (a multi-thread
 //! runtime's worker, a simulation) a poke does nothing.
 
