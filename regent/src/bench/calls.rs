@@ -18,6 +18,10 @@
 //!   One call at a time keeps one of the two at work while the other
 //!   waits, so a round trip whose CPU is close to its time is bound by
 //!   the work done per wake-up, and the runs say how many wake-ups that is.
+//!   A control thread spinning between messages (`EndpointConfig::
+//!   control_spin`) is put back on its CPU after each `sched_yield`, and
+//!   those turns count as runs too: read them as wake-ups only with the
+//!   spin off.
 //! - `pipelined_calls`: calls per second with [`IN_FLIGHT`] calls in flight
 //!   to that member, against the control plane's one-way message rate
 //!   between two processes of this binary (`control_one_way`, what
@@ -328,8 +332,9 @@ pub(crate) fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
 }
 
 /// What this process and a proc spent so far: CPU time, and the times any
-/// of their threads was put on a CPU (each a wake-up, or a return after
-/// preemption), from the scheduler's own counts.
+/// of their threads was put on a CPU (each a wake-up, a return after
+/// preemption, or a spinning thread's turn after a yield), from the
+/// scheduler's own counts.
 #[derive(Clone, Copy, Default)]
 struct Cost {
     cpu: Duration,
