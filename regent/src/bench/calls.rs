@@ -176,7 +176,6 @@ pub(crate) async fn run<A: CallTarget>(
     // Rates, interleaved with their baseline over rounds, and the CPU of
     // both processes per call, cast and message (machine noise moves it far
     // less than the rates).
-    let pair = |other: u32| -> anyhow::Result<Duration> { Ok(process_cpu()? + cpu_of(other)?) };
     let per = |before: Duration, after: Duration, n: usize| {
         after.saturating_sub(before).as_secs_f64() * 1e6 / n as f64
     };
@@ -184,15 +183,15 @@ pub(crate) async fn run<A: CallTarget>(
     let (mut piped, mut cast_rates, mut one_way) = (Vec::new(), Vec::new(), Vec::new());
     let (mut piped_cpu, mut cast_cpu, mut one_way_cpu) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
-        let before = pair(proc_pid)?;
+        let before = pair_cpu(proc_pid)?;
         piped.push(pipelined_calls(&mesh, member, pipelined).await?);
-        piped_cpu.push(per(before, pair(proc_pid)?, pipelined));
-        let before = pair(proc_pid)?;
+        piped_cpu.push(per(before, pair_cpu(proc_pid)?, pipelined));
+        let before = pair_cpu(proc_pid)?;
         cast_rates.push(cast_rate(&mesh, member, casts).await?);
-        cast_cpu.push(per(before, pair(proc_pid)?, casts));
-        let before = pair(control.peer_pid())?;
+        cast_cpu.push(per(before, pair_cpu(proc_pid)?, casts));
+        let before = pair_cpu(control.peer_pid())?;
         one_way.push(control.one_way(casts).await?);
-        one_way_cpu.push(per(before, pair(control.peer_pid())?, casts));
+        one_way_cpu.push(per(before, pair_cpu(control.peer_pid())?, casts));
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -327,7 +326,7 @@ pub(crate) async fn cpu_per_cast(
 /// (`/proc/<pid>/task/*/schedstat`; `getrusage` counts only this process,
 /// and `/proc/<pid>/stat` in clock ticks of 10 ms). Threads that ended are
 /// not counted: the procs and the peer keep theirs while measured.
-pub(crate) fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
+fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
     Ok(Duration::from_nanos(schedstat(pid)?.0))
 }
 
@@ -382,6 +381,11 @@ fn schedstat(pid: u32) -> anyhow::Result<(u64, u64)> {
         runs = runs.saturating_add(n);
     }
     Ok((ns, runs))
+}
+
+/// The CPU time so far of this process and of process `other` together.
+pub(crate) fn pair_cpu(other: u32) -> anyhow::Result<Duration> {
+    Ok(process_cpu()? + cpu_of(other)?)
 }
 
 /// This process's CPU time so far (user and system, every thread, also

@@ -186,9 +186,8 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         // the raw ones, by (write, connections) and by direction.
         let mut tcp_cpu: Vec<Duration> = vec![Duration::ZERO; figures.len()];
         let (mut raw_read_cpu, mut raw_write_cpu) = (Duration::ZERO, Duration::ZERO);
-        let pair_cpu = || -> anyhow::Result<Duration> {
-            Ok(super::calls::cpu_of(std::process::id())? + super::calls::cpu_of(peer.pid())?)
-        };
+        let peer_pid = peer.pid();
+        let pair_cpu = || super::calls::pair_cpu(peer_pid);
         // Warm up: map the segment, open the connections.
         for (kind, write, conns, _) in &figures {
             transfer(by(*conns), &handle, *kind, *write, &mut local).await?;
