@@ -672,7 +672,7 @@ async fn receive_stream(
             }
             chunk = recv.read_chunk(READ_CHUNK_BYTES, true) => match chunk {
                 Ok(Some(chunk)) => {
-                    crate::spin::poke();
+                    crate::spin::arrived();
                     decoder.push(&chunk.bytes)
                 }
                 Ok(None) => {

@@ -10,20 +10,25 @@
 //! window before it parks, as the kernel's `haltpoll` idle driver does for
 //! a whole CPU (off on that machine).
 //!
-//! The window adapts like `haltpoll`'s: it grows (from [`GROW_START`],
-//! doubling, up to the configured maximum) while the thread's idle
-//! stretches end within the maximum, and halves after one that did not,
-//! so a thread that hears a heartbeat or a renewal now and then does not
-//! spin at all, and one in a call-and-answer exchange spins for the time
-//! between its messages. While it spins, the thread yields its CPU to any
-//! other thread ready on it (`sched_yield`) at every turn: a member's
-//! compute on that CPU runs first, the spin only takes time the CPU would
-//! have spent halted.
+//! The window adapts like `haltpoll`'s, on the idle stretches that a
+//! message's arrival ends (from the thread's last move of bytes, either
+//! way, to the arrival): one that outlasted the window but ended within
+//! the configured maximum grows it (from [`GROW_START`], doubling), one
+//! past the maximum halves it (to nothing below [`GROW_START`]), one the
+//! spin caught changes nothing. So a thread that hears a heartbeat or a
+//! renewal now and then does not spin at all, nor does a proc that
+//! answers one request a millisecond (a gather's leaf: its own reply
+//! starts no spin once the requests have shown the gap), and one in a
+//! call-and-answer exchange spins for the time between its messages.
+//! While it spins, the thread yields its CPU to any other thread ready on
+//! it (`sched_yield`) at every turn: a member's compute on that CPU runs
+//! first, the spin only takes time the CPU would have spent halted.
 //!
 //! [`keep_awake`] runs on the control thread (a task of its current-thread
-//! runtime); the control plane's inbound and outbound tasks call `poke`
-//! when they move bytes. On a thread without a spinner (a multi-thread
-//! runtime's worker, a simulation) a poke does nothing.
+//! runtime); the control plane's inbound tasks call `arrived` when bytes
+//! come in, and its outbound tasks `poke` when they send. On a thread
+//! without a spinner (a multi-thread runtime's worker, a simulation)
+//! neither does anything.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -33,13 +38,21 @@ use std::time::{Duration, Instant};
 /// The first window after the thread's idle stretches fit the maximum.
 pub const GROW_START: Duration = Duration::from_micros(20);
 
+/// No idle stretch pending (see [`Spinner::idle_ns`]).
+const NO_IDLE: u64 = u64::MAX;
+
 /// The spinner of one thread.
 struct Spinner {
     base: Instant,
-    /// Nanoseconds after `base` of the last poke.
+    /// Nanoseconds after `base` of the thread's last move of bytes.
     last_ns: AtomicU64,
+    /// The idle stretch (nanoseconds) that the last arrival ended, not yet
+    /// taken by the spinner; [`NO_IDLE`] when there is none.
+    idle_ns: AtomicU64,
     /// Whether the spinner is polling now (a poke then need not wake it).
     spinning: AtomicBool,
+    /// Turns of the spin loop so far.
+    turns: AtomicU64,
     wake: tokio::sync::Notify,
 }
 
@@ -60,24 +73,44 @@ thread_local! {
     static SPINNER: RefCell<Option<Arc<Spinner>>> = const { RefCell::new(None) };
 }
 
-/// Notes that this thread moved a message: its spinner (if it has one)
+/// Notes that this thread sent a message: its spinner (if it has one)
 /// keeps it polling for the current window from now.
 pub(crate) fn poke() {
+    moved(false);
+}
+
+/// Notes that bytes arrived on this thread: the idle stretch since its
+/// last move adapts the window (unless the spin caught them), and the
+/// spinner keeps the thread polling for the window from now.
+pub(crate) fn arrived() {
+    moved(true);
+}
+
+fn moved(arrival: bool) {
     SPINNER.with(|s| {
         if let Some(s) = &*s.borrow() {
-            s.last_ns.store(s.now_ns(), Ordering::Relaxed);
+            let now = s.now_ns();
+            let last = s.last_ns.swap(now, Ordering::Relaxed);
             if !s.spinning.load(Ordering::Relaxed) {
+                if arrival {
+                    s.idle_ns.store(now.saturating_sub(last), Ordering::Relaxed);
+                }
                 s.wake.notify_one();
             }
         }
     });
 }
 
-/// The next window, after an idle stretch of `idle` that ended in a
-/// message: grown while stretches fit `max`, halved after one that did not.
+/// The next window after an idle stretch of `idle` that an arrival ended
+/// (`haltpoll`'s rule): unchanged when the window covered it, grown when
+/// it fit `max`, halved (to nothing below [`GROW_START`]) when it did not.
 pub fn next_window(window: Duration, idle: Duration, max: Duration) -> Duration {
-    if idle <= max {
+    if idle <= window {
+        window
+    } else if idle <= max {
         (window * 2).max(GROW_START).min(max)
+    } else if window / 2 < GROW_START {
+        Duration::ZERO
     } else {
         window / 2
     }
@@ -94,24 +127,25 @@ pub async fn keep_awake(max: Duration) {
     let spinner = Arc::new(Spinner {
         base: Instant::now(),
         last_ns: AtomicU64::new(0),
+        idle_ns: AtomicU64::new(NO_IDLE),
         spinning: AtomicBool::new(false),
+        turns: AtomicU64::new(0),
         wake: tokio::sync::Notify::new(),
     });
     SPINNER.with(|s| *s.borrow_mut() = Some(spinner.clone()));
     let mut window = Duration::ZERO;
-    let mut parked_at = Instant::now();
     loop {
         spinner.wake.notified().await;
-        // A message after an idle stretch: had the stretch fit the
-        // maximum, a spin would have caught it.
-        let idle = parked_at.elapsed().saturating_sub(spinner.since_last());
-        window = next_window(window, idle, max);
+        let idle = spinner.idle_ns.swap(NO_IDLE, Ordering::Relaxed);
+        if idle != NO_IDLE {
+            window = next_window(window, Duration::from_nanos(idle), max);
+        }
         if window.is_zero() {
-            parked_at = Instant::now();
             continue;
         }
         spinner.spinning.store(true, Ordering::Relaxed);
         while spinner.since_last() < window {
+            spinner.turns.fetch_add(1, Ordering::Relaxed);
             // Any other thread ready on this CPU runs first.
             std::thread::yield_now();
             // The runtime polls its sockets (without blocking) and runs
@@ -119,7 +153,6 @@ pub async fn keep_awake(max: Duration) {
             tokio::task::yield_now().await;
         }
         spinner.spinning.store(false, Ordering::Relaxed);
-        parked_at = Instant::now();
     }
 }
 
@@ -134,21 +167,29 @@ mod tests {
         let mut w = Duration::ZERO;
         let mut seen = Vec::new();
         for _ in 0..6 {
-            w = next_window(w, Duration::from_micros(50), max);
+            w = next_window(w, Duration::from_micros(190), max);
             seen.push(w.as_micros());
         }
         assert_eq!(seen, [20, 40, 80, 160, 200, 200]);
+        // A stretch the spin covered changes nothing.
+        assert_eq!(
+            next_window(Duration::from_micros(80), Duration::from_micros(50), max),
+            Duration::from_micros(80)
+        );
         w = next_window(w, Duration::from_millis(100), max);
         assert_eq!(w, Duration::from_micros(100));
-        for _ in 0..20 {
+        let mut halvings = 1;
+        while !w.is_zero() {
             w = next_window(w, Duration::from_millis(100), max);
+            halvings += 1;
         }
-        assert_eq!(w, Duration::ZERO, "rare messages: no spin at all");
+        assert_eq!(halvings, 4, "200 -> 100 -> 50 -> 25 -> nothing (under 20)");
     }
 
-    /// Parks of a current-thread runtime over `rounds` exchanges, each a
-    /// poke then a message `gap` later from another thread.
-    fn parks(max: Duration, gap: Duration, rounds: usize) -> usize {
+    /// Parks and spin turns of a current-thread runtime over the second
+    /// half of `rounds` exchanges, each a message from another thread
+    /// (`gap` after the last) and an answer.
+    fn exchange(max: Duration, gap: Duration, rounds: usize) -> (usize, u64) {
         let parks = Arc::new(AtomicUsize::new(0));
         let counted = parks.clone();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -161,6 +202,13 @@ mod tests {
         rt.block_on(async {
             tokio::spawn(keep_awake(max));
             tokio::task::yield_now().await;
+            let turns = || {
+                SPINNER.with(|s| {
+                    s.borrow()
+                        .as_ref()
+                        .map_or(0, |s| s.turns.load(Ordering::Relaxed))
+                })
+            };
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
             let sender = std::thread::spawn(move || {
                 for _ in 0..rounds {
@@ -171,16 +219,19 @@ mod tests {
                 }
             });
             // Warm the window up, then count.
+            let mut turns_before = 0;
             for i in 0..rounds {
-                poke();
                 rx.recv().await.unwrap();
+                arrived();
+                poke();
                 if i == rounds / 2 {
                     parks.store(0, Ordering::Relaxed);
+                    turns_before = turns();
                 }
             }
             sender.join().unwrap();
-        });
-        parks.load(Ordering::Relaxed)
+            (parks.load(Ordering::Relaxed), turns() - turns_before)
+        })
     }
 
     #[test]
@@ -188,14 +239,17 @@ mod tests {
         let rounds = 40;
         // Messages 1 ms apart within a 20 ms window: the thread polls
         // through (a park or two where the sender's sleep ran long).
-        let hot = parks(Duration::from_millis(20), Duration::from_millis(1), rounds);
+        let (hot, _) = exchange(Duration::from_millis(20), Duration::from_millis(1), rounds);
         // The same without a spinner: a park per message.
-        let off = parks(Duration::ZERO, Duration::from_millis(1), rounds);
+        let (off, _) = exchange(Duration::ZERO, Duration::from_millis(1), rounds);
         // Messages 5 ms apart past a 1 ms window: the window shrinks to
-        // nothing, a park per message.
-        let quiet = parks(Duration::from_millis(1), Duration::from_millis(5), rounds);
+        // nothing, a park per message, and the answers start no spin (as
+        // a gather's leaf answers one request a millisecond).
+        let (quiet, quiet_turns) =
+            exchange(Duration::from_millis(1), Duration::from_millis(5), rounds);
         assert!(hot <= 3, "kept awake, yet parked {hot} times");
         assert!(off >= rounds / 2 - 1, "no spinner, parked {off} times");
         assert!(quiet >= rounds / 2 - 1, "quiet, parked only {quiet} times");
+        assert_eq!(quiet_turns, 0, "quiet, yet spun after its answers");
     }
 }
