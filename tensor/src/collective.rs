@@ -45,6 +45,7 @@ use tokio::time::Instant;
 use crate::buffer::{Registered, TensorBuffer, check_plain, plain_bytes_mut};
 use crate::dtype::DType;
 use crate::error::Error;
+pub use crate::layout::chunk_ranges;
 use crate::reduce::ReduceOp;
 use crate::reshard::ReshardPlan;
 use crate::transport::{Transport, TransportError};
@@ -203,22 +204,6 @@ impl CollectiveConfig {
 /// element longer).
 pub fn ring_fold_order(chunk: usize, size: usize) -> Vec<usize> {
     (1..=size).map(|k| (chunk + k) % size).collect()
-}
-
-/// The element ranges of the `size` chunks of `numel` elements that
-/// collectives split tensors into.
-pub fn chunk_ranges(numel: usize, size: usize) -> Vec<Range<usize>> {
-    let base = numel / size;
-    let extra = numel % size;
-    let mut at = 0;
-    (0..size)
-        .map(|i| {
-            let n = base + usize::from(i < extra);
-            let r = at..at + n;
-            at += n;
-            r
-        })
-        .collect()
 }
 
 /// Registered bytes of this member that an operation reads or writes.
@@ -641,9 +626,13 @@ fn pieces(range: Range<usize>, sub: usize) -> impl Iterator<Item = Range<usize>>
 
 /// The most pieces a pipelined span is cut into: each costs a message per
 /// hop, and a transport must be able to queue more than this many
-/// messages per pair (`LOCAL_QUEUE_MESSAGES` is 4096), or a ring whose
-/// members all wait for room could deadlock.
+/// messages per pair, or a ring whose members all wait for room could
+/// deadlock (both transports of this crate do, checked below).
 pub const MAX_PIECES: usize = 1024;
+const _: () = assert!(
+    MAX_PIECES < crate::transport::local::LOCAL_QUEUE_MESSAGES
+        && MAX_PIECES < crate::transport::mesh::MESH_QUEUE_MESSAGES
+);
 
 /// The piece size for pipelining `len` bytes: the configured chunk, or
 /// larger so that there are at most [`MAX_PIECES`] pieces. Both ends of a

@@ -4,6 +4,7 @@
 //! overflow anywhere, element-aligned, and (for a handle) inside the buffer.
 
 use std::fmt;
+use std::ops::Range;
 
 use regent_rdma::{MAX_BUFFER_BYTES, RemoteBuffer};
 use serde::{Deserialize, Serialize};
@@ -380,6 +381,22 @@ impl TensorHandle {
         }
         Self::new(raw.buffer, Layout::try_from(raw.layout)?)
     }
+}
+
+/// The element ranges of the `size` chunks of `numel` elements that
+/// collectives split tensors into.
+pub fn chunk_ranges(numel: usize, size: usize) -> Vec<Range<usize>> {
+    let base = numel / size;
+    let extra = numel % size;
+    let mut at = 0;
+    (0..size)
+        .map(|i| {
+            let n = base + usize::from(i < extra);
+            let r = at..at + n;
+            at += n;
+            r
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -7,15 +7,14 @@
 //! A [`Sharding`] is a mesh shape and a [`Placement`] per mesh dimension,
 //! as in torch's DTensor: `Shard(d)` splits tensor dimension `d` over that
 //! mesh dimension (nearly equal parts, the first ones one longer, as
-//! [`crate::collective::chunk_ranges`]), `Replicate` copies it. Mesh
+//! [`crate::layout::chunk_ranges`]), `Replicate` copies it. Mesh
 //! ranks are row-major over the mesh shape.
 
 use serde::{Deserialize, Serialize};
 
-use crate::collective::chunk_ranges;
 use crate::dtype::DType;
 use crate::error::Error;
-use crate::layout::MAX_DIMS;
+use crate::layout::{MAX_DIMS, chunk_ranges};
 
 /// The most ranks a sharding's mesh may have.
 pub const MAX_MESH_RANKS: usize = 1 << 16;

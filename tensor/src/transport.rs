@@ -32,59 +32,10 @@ use bytes::Bytes;
 use regent_rdma::BufferManager;
 use tokio::time::Instant;
 
+pub use crate::error::TransportError;
+
 pub mod local;
 pub mod mesh;
-
-/// Why the transport could not send or receive.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TransportError {
-    /// A member of the group failed (died, was cut off, or its generation
-    /// ended); the group can do no more collectives.
-    #[error("rank {rank} failed: {reason}")]
-    PeerFailed {
-        /// The failed member.
-        rank: usize,
-        /// What the transport knows.
-        reason: String,
-    },
-    /// No message came from `rank` by the deadline.
-    #[error("no message from rank {rank} by the deadline")]
-    Timeout {
-        /// The member waited for.
-        rank: usize,
-    },
-    /// The message is larger than the transport carries.
-    #[error("message of {len_bytes} bytes, at most {max_bytes}")]
-    TooLarge {
-        /// Its length.
-        len_bytes: usize,
-        /// The transport's limit.
-        max_bytes: usize,
-    },
-    /// The rank is not another member of the group.
-    #[error("no rank {rank} to talk to in a group of {size}")]
-    NoSuchRank {
-        /// The rank asked for.
-        rank: usize,
-        /// The group's size.
-        size: usize,
-    },
-    /// This member's side of the transport is shut down.
-    #[error("the transport is closed: {0}")]
-    Closed(String),
-}
-
-impl TransportError {
-    /// The member the error names, if any.
-    pub fn rank(&self) -> Option<usize> {
-        match self {
-            TransportError::PeerFailed { rank, .. } | TransportError::Timeout { rank } => {
-                Some(*rank)
-            }
-            _ => None,
-        }
-    }
-}
 
 /// What collectives need from the group they run in (see the module docs
 /// for the contract). Implement the async methods with `async fn`.

@@ -40,8 +40,9 @@ use super::{Transport, TransportError};
 use crate::error::Error;
 
 /// Messages queued from one peer before the transport gives up on the
-/// group (a peer flooding past every collective's needs: a pipelined span
-/// has at most [`crate::collective::MAX_PIECES`] pieces).
+/// group (a peer flooding past every collective's needs: the collectives
+/// cut a pipelined span into at most 1,024 pieces, and check at compile
+/// time that this bound stays above theirs).
 pub const MESH_QUEUE_MESSAGES: usize = 1 << 16;
 /// The kind byte of a hello (a member's end of the channel is open).
 pub const HELLO: u8 = 0;
