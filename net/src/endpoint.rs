@@ -19,12 +19,17 @@ use crate::event::TransportEvent;
 use crate::id::{
     ActorId, Generation, Incarnation, Message, PortId, ProcAddr, ProcId, Seq, TypeTag,
 };
-use crate::inbound::{self, InboundPeers};
-use crate::inbox::{Delivery, Inbox, Payload};
 use crate::link::code;
-use crate::outbound::{self, Outgoing, Session};
 use crate::tls::{ProcCredentials, Role, crypto_provider};
 use crate::wire::{self, Envelope, RejectCause};
+
+pub(crate) mod inbound;
+pub(crate) mod inbox;
+pub(crate) mod outbound;
+
+use inbound::InboundPeers;
+use inbox::{Delivery, Inbox, Payload};
+use outbound::{Outgoing, Session};
 
 /// Locks a std mutex, recovering from poison: the maps behind these locks
 /// hold no invariant that a panicking holder could break half-way.

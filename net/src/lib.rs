@@ -69,10 +69,7 @@ mod endpoint;
 pub mod error;
 pub mod event;
 pub mod id;
-mod inbound;
-mod inbox;
 mod link;
-mod outbound;
 pub mod session;
 #[cfg(feature = "sim")]
 pub mod sim;
@@ -81,6 +78,7 @@ pub mod tls;
 pub mod wire;
 
 pub use config::EndpointConfig;
+pub use endpoint::inbox::{Delivery, Inbox, Payload};
 pub use endpoint::{ControlTraffic, Endpoint, HandshakeStats};
 pub use error::{Error, LinkFailure, SendError, SendFailure, Undeliverable, UndeliveredCause};
 pub use event::{Direction, TransportEvent};
@@ -88,7 +86,6 @@ pub use id::{
     ActorId, ActorName, Generation, IdError, Incarnation, Message, PortId, ProcAddr, ProcId, Seq,
     TypeTag,
 };
-pub use inbox::{Delivery, Inbox, Payload};
 pub use session::{RecvWindow, SendWindow};
 pub use tls::{ClusterCa, KeyAlgorithm, ProcCredentials, Role, Validity};
 pub use wire::{Envelope, FrameDecoder, RejectCause, WireError, encode_frame};

@@ -42,7 +42,7 @@ use std::fmt;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -444,7 +444,7 @@ impl SimNet {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        crate::endpoint::lock(&self.state)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The seed it was made with.
@@ -636,7 +636,7 @@ impl AsyncUdpSocket for SimSocket {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
-        let mut timer = crate::endpoint::lock(&self.timer);
+        let mut timer = self.timer.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             let mut s = self.net.lock();
             let now = Instant::now();

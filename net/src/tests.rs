@@ -660,7 +660,7 @@ async fn links_close_when_the_peers_certificate_expires_and_renewal_restores_the
 
 #[test]
 fn handshake_admission_retries_unvalidated_dialers_under_load_and_bounds_waiting() {
-    use crate::inbound::{Admission, admission};
+    use crate::endpoint::inbound::{Admission, admission};
     // (validated, in flight, pending) with 64 slots and 4 waiting at most.
     let decide = |validated, in_flight, pending| admission(validated, in_flight, pending, 64, 4);
     assert_eq!(decide(false, 0, 0), Admission::Accept);

@@ -20,7 +20,7 @@ use tokio::sync::{Notify, Semaphore, TryAcquireError, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::endpoint::{Inner, lock};
+use super::{Inner, lock};
 use crate::error::{LinkFailure, SendFailure, UndeliveredCause};
 use crate::event::{Direction, TransportEvent};
 use crate::id::{ActorId, Generation, Incarnation, PortId, ProcId, Seq, TypeTag};

@@ -15,12 +15,12 @@ use rustls_pki_types::CertificateDer;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use crate::endpoint::{Inner, PortEntry, lock};
+use super::outbound::PairKey;
+use super::{Inner, PortEntry, lock};
 use crate::error::LinkFailure;
 use crate::event::{Direction, TransportEvent};
 use crate::id::{Incarnation, PortId, ProcId, Seq};
 use crate::link::{self, READ_CHUNK_BYTES, ReadFailure, code};
-use crate::outbound::PairKey;
 use crate::session::{RecvWindow, Verdict};
 use crate::tls::{CertificateFacts, Role, certificate_facts, verify_proc_identity};
 use crate::wire::{

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::endpoint::Inner;
+use super::Inner;
 use crate::id::{ActorId, Generation, Message, PortId, Seq, TypeTag};
 use crate::tls::Role;
 use crate::wire::{self, WireError};
