@@ -383,6 +383,47 @@ fn schedstat(pid: u32) -> anyhow::Result<(u64, u64)> {
     Ok((ns, runs))
 }
 
+/// The CPU time so far of this process and of its child processes (the
+/// local allocator's procs), from the scheduler's counts of each thread.
+pub(crate) fn family_cpu() -> anyhow::Result<Duration> {
+    let me = std::process::id();
+    let mut total = cpu_of(me)?;
+    for child in children_of(me)? {
+        // A child may end between the listing and the read.
+        total += cpu_of(child).unwrap_or_default();
+    }
+    Ok(total)
+}
+
+/// The processes whose parent is `pid` (from `/proc/*/stat`: this kernel
+/// has no `/proc/<pid>/task/<tid>/children`).
+fn children_of(pid: u32) -> anyhow::Result<Vec<u32>> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let entry = entry?;
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; the command may hold spaces and
+        // parentheses, so the fields start after the last ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|f| f.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            children.push(child);
+        }
+    }
+    Ok(children)
+}
+
 /// The CPU time so far of this process and of process `other` together.
 pub(crate) fn pair_cpu(other: u32) -> anyhow::Result<Duration> {
     Ok(process_cpu()? + cpu_of(other)?)
@@ -487,4 +528,47 @@ fn rank_selection<A: CallTarget>(mesh: &ActorMesh<A>, rank: Rank) -> anyhow::Res
         .map(|(n, c)| format!("{}={c}", n.as_str()))
         .collect();
     Ok(text.join(",").parse()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The children found are this process's, a child's CPU counts in the
+    /// family's, and a process that is not a child is left out.
+    #[test]
+    fn family_cpu_counts_children_and_only_them() {
+        let me = std::process::id();
+        // A child that burns CPU for a moment, then sleeps.
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 30",
+            ])
+            .spawn()
+            .unwrap();
+        let kill = |c: &mut std::process::Child| {
+            let _ = c.kill();
+            let _ = c.wait();
+        };
+        let found = children_of(me);
+        let child_cpu = (0..100)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(20));
+                cpu_of(child.id()).unwrap_or_default()
+            })
+            .find(|cpu| *cpu >= Duration::from_millis(5));
+        let own = cpu_of(me);
+        let family = family_cpu();
+        kill(&mut child);
+        let found = found.unwrap();
+        assert!(
+            found.contains(&child.id()),
+            "{found:?} lacks {}",
+            child.id()
+        );
+        assert!(!found.contains(&1) && !found.contains(&me), "{found:?}");
+        let child_cpu = child_cpu.expect("the child ran");
+        assert!(family.unwrap() >= own.unwrap() + child_cpu);
+    }
 }

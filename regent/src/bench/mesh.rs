@@ -11,6 +11,12 @@
 //!   With one member per proc also `call_gather_<P>x1_on_proc_thread` and
 //!   its `_vs_call_one`: the same for members of `MemberThread::Proc`, on
 //!   their proc's control thread instead of threads of their own.
+//!   `call_gather_<P>x<M>_cpu` (and `_on_proc_thread`): what one gather
+//!   costs in CPU, the controller's process and every proc together (the
+//!   scheduler's counts of their threads), over a block of gathers back to
+//!   back, against the CPU time the machine's cores had per gather of that
+//!   block (`cores_x_gather`): a ratio near 1 says the gather is bound by
+//!   the machine's CPU, not by waiting.
 //! - `cold_spawn_4_procs`: four procs started and a mesh spawned on them and
 //!   answering, against starting four bare processes of this binary.
 //! - `controller_frames_<P>_procs`: messages the controller sends per cast,
@@ -450,7 +456,33 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
         mesh.call_one(Rank(0), &1).await?;
         single.push(t.elapsed());
     }
+    // What a gather costs the machine: a block of gathers back to back,
+    // the CPU of the controller and every proc against the CPU time the
+    // machine's cores had meanwhile.
+    let block = rounds.max(100);
+    let before = super::calls::family_cpu()?;
+    let t = Instant::now();
+    for _ in 0..block {
+        mesh.call(&all, &1).await?.into_result()?;
+    }
+    let wall = t.elapsed();
+    let cpu = super::calls::family_cpu()?.saturating_sub(before);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     mesh.stop().await.unwrap();
+    report.push(
+        Figure::new(
+            SUITE,
+            &format!("call_gather_{procs}x{per_proc}_cpu{suffix}"),
+            micros(cpu) / block as f64,
+            "us",
+        )
+        .samples(block)
+        .against(
+            "cores_x_gather",
+            micros(wall) * cores as f64 / block as f64,
+            "us",
+        ),
+    );
     let gather = micros(median(&mut gathers));
     report.push(
         Figure::new(
