@@ -38,17 +38,17 @@ use std::time::{Duration, Instant};
 /// The first window after the thread's idle stretches fit the maximum.
 pub const GROW_START: Duration = Duration::from_micros(20);
 
-/// No idle stretch pending (see [`Spinner::idle_ns`]).
-const NO_IDLE: u64 = u64::MAX;
-
-/// The spinner of one thread.
+/// The spinner of one thread. Only that thread touches it (the pokes come
+/// from tasks of its runtime); the atomics make the spinner task `Send`.
 struct Spinner {
     base: Instant,
+    /// The configured maximum window.
+    max: Duration,
     /// Nanoseconds after `base` of the thread's last move of bytes.
     last_ns: AtomicU64,
-    /// The idle stretch (nanoseconds) that the last arrival ended, not yet
-    /// taken by the spinner; [`NO_IDLE`] when there is none.
-    idle_ns: AtomicU64,
+    /// The current window, in nanoseconds: adapted by each arrival that
+    /// ends an idle stretch.
+    window_ns: AtomicU64,
     /// Whether the spinner is polling now (a poke then need not wake it).
     spinning: AtomicBool,
     /// Turns of the spin loop so far.
@@ -88,15 +88,24 @@ pub(crate) fn arrived() {
 
 fn moved(arrival: bool) {
     SPINNER.with(|s| {
-        if let Some(s) = &*s.borrow() {
-            let now = s.now_ns();
-            let last = s.last_ns.swap(now, Ordering::Relaxed);
-            if !s.spinning.load(Ordering::Relaxed) {
-                if arrival {
-                    s.idle_ns.store(now.saturating_sub(last), Ordering::Relaxed);
-                }
-                s.wake.notify_one();
-            }
+        let Some(s) = &*s.borrow() else {
+            return;
+        };
+        let now = s.now_ns();
+        let last = s.last_ns.swap(now, Ordering::Relaxed);
+        if s.spinning.load(Ordering::Relaxed) {
+            // The spin caught it: the window stays, the spin runs on.
+            return;
+        }
+        let mut window = Duration::from_nanos(s.window_ns.load(Ordering::Relaxed));
+        if arrival {
+            let idle = Duration::from_nanos(now.saturating_sub(last));
+            window = next_window(window, idle, s.max);
+            let ns = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+            s.window_ns.store(ns, Ordering::Relaxed);
+        }
+        if !window.is_zero() {
+            s.wake.notify_one();
         }
     });
 }
@@ -108,7 +117,7 @@ pub fn next_window(window: Duration, idle: Duration, max: Duration) -> Duration 
     if idle <= window {
         window
     } else if idle <= max {
-        (window * 2).max(GROW_START).min(max)
+        window.saturating_mul(2).max(GROW_START).min(max)
     } else if window / 2 < GROW_START {
         Duration::ZERO
     } else {
@@ -126,23 +135,18 @@ pub async fn keep_awake(max: Duration) {
     }
     let spinner = Arc::new(Spinner {
         base: Instant::now(),
+        max,
         last_ns: AtomicU64::new(0),
-        idle_ns: AtomicU64::new(NO_IDLE),
+        window_ns: AtomicU64::new(0),
         spinning: AtomicBool::new(false),
         turns: AtomicU64::new(0),
         wake: tokio::sync::Notify::new(),
     });
     SPINNER.with(|s| *s.borrow_mut() = Some(spinner.clone()));
-    let mut window = Duration::ZERO;
     loop {
+        // Woken by a move while the window is open.
         spinner.wake.notified().await;
-        let idle = spinner.idle_ns.swap(NO_IDLE, Ordering::Relaxed);
-        if idle != NO_IDLE {
-            window = next_window(window, Duration::from_nanos(idle), max);
-        }
-        if window.is_zero() {
-            continue;
-        }
+        let window = Duration::from_nanos(spinner.window_ns.load(Ordering::Relaxed));
         spinner.spinning.store(true, Ordering::Relaxed);
         while spinner.since_last() < window {
             spinner.turns.fetch_add(1, Ordering::Relaxed);
@@ -184,6 +188,16 @@ mod tests {
             halvings += 1;
         }
         assert_eq!(halvings, 4, "200 -> 100 -> 50 -> 25 -> nothing (under 20)");
+        // Any window and maximum (both functions are public): no overflow.
+        let huge = Duration::MAX;
+        assert_eq!(
+            next_window(
+                huge / 2 + Duration::from_secs(1),
+                huge - Duration::from_secs(1),
+                huge
+            ),
+            huge
+        );
     }
 
     /// Parks and spin turns of a current-thread runtime over the second
