@@ -543,7 +543,7 @@ mod tests {
         let mut child = std::process::Command::new("sh")
             .args([
                 "-c",
-                "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 30",
+                "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; exec sleep 30",
             ])
             .spawn()
             .unwrap();
