@@ -13,12 +13,13 @@
 //! The window adapts like `haltpoll`'s, on the idle stretches that a
 //! message's arrival ends (from the thread's last move of bytes, either
 //! way, to the arrival): one that outlasted the window but ended within
-//! [`GROW_REACH`] times the configured maximum grows it (from
-//! [`GROW_START`], doubling, up to the maximum), one past that halves it
-//! (to nothing below [`GROW_START`]), one the spin caught changes nothing.
-//! The reach past the maximum is for the wake-ups inside a stretch that
-//! ended while the thread was parked: without it an exchange that fits the
-//! window only while both ends stay awake never starts to spin. So a thread that hears a heartbeat or a
+//! the configured maximum grows it (from [`GROW_START`], doubling, up to
+//! the maximum), one past the maximum halves it (to nothing below
+//! [`GROW_START`]), one the spin caught changes nothing. Below the maximum
+//! a stretch up to [`GROW_REACH`] times the maximum grows the window too:
+//! it holds the wake-ups of a thread that parked, and without the reach an
+//! exchange that fits the window only while both ends stay awake never
+//! starts to spin. So a thread that hears a heartbeat or a
 //! renewal now and then does not spin at all, nor does a proc that
 //! answers one request a millisecond (a gather's leaf: its own reply
 //! starts no spin once the requests have shown the gap), and one in a
@@ -113,24 +114,27 @@ fn moved(arrival: bool) {
     });
 }
 
-/// How far past the maximum window an idle stretch may end and still grow
-/// the window, as a multiple of the maximum. A stretch that ended while the
-/// thread was parked includes the wake-ups a spin would have saved: on the
-/// 2-core reference machine a call's round trip is 35-50 us with both
-/// control threads awake and 170-230 us with both parked, so with growth
-/// only up to a 200 us maximum, an exchange that started parked stayed
-/// parked for thousands of calls (a stretch at 220 us halves the window it
-/// would have shortened to 45 us).
+/// How far past the maximum an idle stretch may end and still grow a
+/// window below the maximum, as a multiple of the maximum. A stretch that
+/// ended while the thread was parked includes the wake-ups a spin would
+/// have saved: on the 2-core reference machine a call's round trip is
+/// 35-50 us with both control threads awake and 170-230 us with both
+/// parked, so with growth only up to a 200 us maximum, an exchange that
+/// started parked stayed parked for thousands of calls (a stretch at
+/// 220 us halves the window it would have shortened to 45 us). A thread
+/// already spinning for the maximum has no such excuse: a stretch past
+/// the maximum halves its window, as `haltpoll`'s does.
 pub const GROW_REACH: u32 = 2;
 
 /// The next window after an idle stretch of `idle` that an arrival ended
-/// (`haltpoll`'s rule, reaching further): unchanged when the window
-/// covered it, grown when it ended within [`GROW_REACH`] times `max`,
-/// halved (to nothing below [`GROW_START`]) when it did not.
+/// (`haltpoll`'s rule, reaching further below the maximum): unchanged
+/// when the window covered it; grown when it ended within `max`, or within
+/// [`GROW_REACH`] times `max` while the window is below `max`; otherwise
+/// halved (to nothing below [`GROW_START`]).
 pub fn next_window(window: Duration, idle: Duration, max: Duration) -> Duration {
     if idle <= window {
         window
-    } else if idle <= max.saturating_mul(GROW_REACH) {
+    } else if idle <= max || (window < max && idle <= max.saturating_mul(GROW_REACH)) {
         window.saturating_mul(2).max(GROW_START).min(max)
     } else if window / 2 < GROW_START {
         Duration::ZERO
@@ -198,6 +202,15 @@ mod tests {
         assert_eq!(
             next_window(Duration::ZERO, Duration::from_micros(410), max),
             Duration::ZERO
+        );
+        // At the maximum, a stretch past it halves the window, reach or not.
+        assert_eq!(
+            next_window(max, Duration::from_micros(390), max),
+            Duration::from_micros(100)
+        );
+        assert_eq!(
+            next_window(Duration::from_micros(100), Duration::from_micros(390), max),
+            max
         );
         // A stretch the spin covered changes nothing.
         assert_eq!(
