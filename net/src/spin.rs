@@ -19,10 +19,10 @@
 //! a stretch up to [`GROW_REACH`] times the maximum grows the window too:
 //! it holds the wake-ups of a thread that parked, and without the reach an
 //! exchange that fits the window only while both ends stay awake never
-//! starts to spin. So a thread that hears a heartbeat or a
-//! renewal now and then does not spin at all, nor does a proc that
-//! answers one request a millisecond (a gather's leaf: its own reply
-//! starts no spin once the requests have shown the gap), and one in a
+//! starts to spin. So a thread that hears a heartbeat or a renewal now
+//! and then does not spin at all, nor does a proc that answers one
+//! request a millisecond (a gather's leaf: its own reply starts no spin
+//! once the requests have shown the gap), and one in a
 //! call-and-answer exchange spins for the time between its messages.
 //! While it spins, the thread yields its CPU to any other thread ready on
 //! it (`sched_yield`) at every turn: a member's compute on that CPU runs

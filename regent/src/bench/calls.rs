@@ -43,10 +43,9 @@
 //!   procs (a full first level); `controller_cpu_per_cast_nowait_<P>` the
 //!   same for fire-and-forget casts (an acked one after every
 //!   [`NOWAIT_FLUSH`], so that no proc falls past the casts it queues).
-//!   Both are net of the controller's idle
-//!   CPU over the casts' wall time, which is `controller_idle_cpu_<P>`
-//!   (ms of CPU per second with nothing sent: heartbeats and lease
-//!   renewals, per proc). The claim is that a cast's own cost stays flat
+//!   Both are net of the controller's idle CPU over the casts' wall
+//!   time, which is `controller_idle_cpu_<P>` (ms of CPU per second with
+//!   nothing sent: heartbeats and lease renewals, per proc). The claim is that a cast's own cost stays flat
 //!   in the mesh size past the fan-out, since the tree bounds what the
 //!   controller sends and hears per cast. (Up to the fan-out the
 //!   controller sends one frame per proc: the default fan-out is 16.)
