@@ -203,7 +203,8 @@ mod tests {
             next_window(Duration::ZERO, Duration::from_micros(410), max),
             Duration::ZERO
         );
-        // At the maximum, a stretch past it halves the window, reach or not.
+        // At the maximum, a stretch past it halves the window, reach or
+        // not; below it, the reach grows the window back.
         assert_eq!(
             next_window(max, Duration::from_micros(390), max),
             Duration::from_micros(100)

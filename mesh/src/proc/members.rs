@@ -41,9 +41,9 @@ use crate::protocol::{
 use crate::registry::ActorTypes;
 use crate::shape::Rank;
 
-/// Casts queued for one mesh's dispatcher; a cast that finds it full fails
-/// for its subtree at once.
-const QUEUED_CASTS: usize = 1024;
+/// Casts a proc queues for one mesh's dispatcher; a cast that finds the
+/// queue full fails for its subtree at once (docs/semantics.md §4.6).
+pub const QUEUED_CASTS: usize = 1024;
 /// How long the owner's question about an owned mesh's failure may wait for
 /// the owning member's answer.
 const SUPERVISE_WAIT: Duration = Duration::from_secs(10);

@@ -46,6 +46,7 @@ pub(crate) const KILL_WAIT: Duration = Duration::from_secs(1);
 /// The longest owner lease a proc takes (longer ones are cut to it; a boot
 /// carrying one does not decode).
 pub use crate::boot::MAX_OWNER_LEASE;
+pub use members::QUEUED_CASTS;
 /// How long members' own requests and casts wait by default.
 const MEMBER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 

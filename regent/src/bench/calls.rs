@@ -45,9 +45,9 @@
 //!   [`NOWAIT_FLUSH`], so that no proc falls past the casts it queues).
 //!   Both are net of the controller's idle CPU over the casts' wall
 //!   time, which is `controller_idle_cpu_<P>` (ms of CPU per second with
-//!   nothing sent: heartbeats and lease renewals, per proc). The claim is that a cast's own cost stays flat
-//!   in the mesh size past the fan-out, since the tree bounds what the
-//!   controller sends and hears per cast. (Up to the fan-out the
+//!   nothing sent: heartbeats and lease renewals, per proc). The claim is
+//!   that a cast's own cost stays flat in the mesh size past the fan-out,
+//!   since the tree bounds what the controller sends and hears per cast. (Up to the fan-out the
 //!   controller sends one frame per proc: the default fan-out is 16.)
 //! - The same call, pipelined and cast figures with `_on_proc_thread`
 //!   appended: to a member of `MemberThread::Proc`, which runs on its
@@ -72,7 +72,7 @@ const SUITE: &str = "mesh";
 pub(crate) const IN_FLIGHT: usize = 1000;
 /// Fire-and-forget casts between acked ones in the nowait figures of
 /// [`cpu_per_cast`]: half of what a proc queues for a mesh.
-const NOWAIT_FLUSH: u32 = 512;
+const NOWAIT_FLUSH: usize = regent_mesh::proc::QUEUED_CASTS / 2;
 /// The bytes of one TCP echo (as `net`'s).
 const ECHO_BYTES: usize = 64;
 
@@ -283,14 +283,14 @@ pub(crate) async fn cpu_per_cast(
         }
         let acked = net(process_cpu()? - cpu, wall.elapsed());
         let (cpu, wall) = (process_cpu()?, Instant::now());
-        for i in 1..=casts {
+        for i in 1..=casts as usize {
             mesh.cast_nowait(&Selection::All, &BenchOp::Echo(0)).await?;
-            // A proc queues at most 1024 casts for a mesh and refuses the
-            // rest (docs/semantics.md §4.6): an acked cast now and then
-            // (FIFO, so once it is acked every proc has taken the casts
-            // before it) keeps the flood within that bound on a machine
-            // whose procs fall behind the controller.
-            if i % NOWAIT_FLUSH == 0 {
+            // A proc queues at most `QUEUED_CASTS` casts for a mesh and
+            // refuses the rest: an acked cast now and then (FIFO, so once
+            // it is acked every proc has taken the casts before it) keeps
+            // the flood within that bound on a machine whose procs fall
+            // behind the controller.
+            if i.is_multiple_of(NOWAIT_FLUSH) {
                 mesh.cast(&Selection::All, &BenchOp::Echo(0))
                     .await?
                     .into_result()?;
