@@ -46,7 +46,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::de::Error as _;
+use regent_net::memo::{self, Memo};
 use serde::ser::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -459,9 +459,22 @@ impl Serialize for Selection {
 }
 
 impl<'de> Deserialize<'de> for Selection {
+    /// Every cast carries its selection's text: the selections parsed last
+    /// on this thread are kept with their text, and the same text again is
+    /// not parsed again.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        parse::parse(&text).map_err(D::Error::custom)
+        thread_local! {
+            static DECODED: Memo<(std::sync::Arc<str>, Selection)> = const { Memo::new() };
+        }
+        let (_, selection) = memo::with_str(deserializer, |text| {
+            DECODED.with(|m| {
+                m.get_or_try(
+                    |(kept, _)| **kept == *text,
+                    || parse::parse(text).map(|s| (text.into(), s)),
+                )
+            })
+        })?;
+        Ok(selection)
     }
 }
 

@@ -41,6 +41,7 @@ use std::ops::{Bound, RangeBounds};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use regent_net::memo::{self, Memo};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -291,8 +292,12 @@ impl Serialize for DimName {
 
 impl<'de> Deserialize<'de> for DimName {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(deserializer)?;
-        DimName::new(&name).map_err(D::Error::custom)
+        thread_local! {
+            static DECODED: Memo<DimName> = const { Memo::new() };
+        }
+        memo::with_str(deserializer, |name| {
+            DECODED.with(|m| m.get_or_try(|n| *n.0 == *name, || DimName::new(name)))
+        })
     }
 }
 
@@ -946,7 +951,17 @@ struct ShapePartsRef<'a> {
 #[derive(Deserialize)]
 struct ShapeParts {
     names: Vec<DimName>,
-    slice: Slice,
+    slice: SliceParts,
+}
+
+impl ShapeParts {
+    /// Whether `shape` is the shape these parts make.
+    fn make(&self, shape: &Shape) -> bool {
+        *shape.names == *self.names
+            && shape.slice.offset == self.slice.offset
+            && shape.slice.sizes == self.slice.sizes
+            && shape.slice.strides == self.slice.strides
+    }
 }
 
 impl Serialize for Shape {
@@ -960,9 +975,21 @@ impl Serialize for Shape {
 }
 
 impl<'de> Deserialize<'de> for Shape {
+    /// Every cast carries its view: the shapes decoded last on this thread
+    /// are kept, and the same parts again are not checked again.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        thread_local! {
+            static DECODED: Memo<Shape> = const { Memo::new() };
+        }
         let parts = ShapeParts::deserialize(deserializer)?;
-        Shape::from_parts(parts.names, parts.slice).map_err(D::Error::custom)
+        if let Some(shape) = DECODED.with(|m| m.find(|s| parts.make(s))) {
+            return Ok(shape);
+        }
+        let slice = Slice::new(parts.slice.offset, parts.slice.sizes, parts.slice.strides)
+            .map_err(D::Error::custom)?;
+        let shape = Shape::from_parts(parts.names, slice).map_err(D::Error::custom)?;
+        DECODED.with(|m| m.keep(shape.clone()));
+        Ok(shape)
     }
 }
 

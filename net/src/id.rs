@@ -12,8 +12,9 @@ use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::memo::{self, Memo};
 
 /// The longest [`ProcId`], in bytes (one DNS label).
 pub const MAX_PROC_ID_BYTES: usize = 63;
@@ -137,8 +138,12 @@ impl Serialize for ProcId {
 
 impl<'de> Deserialize<'de> for ProcId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = <&str>::deserialize(d)?;
-        Self::new(s).map_err(D::Error::custom)
+        thread_local! {
+            static DECODED: Memo<ProcId> = const { Memo::new() };
+        }
+        memo::with_str(d, |s| {
+            DECODED.with(|m| m.get_or_try(|p| *p.0 == *s, || Self::new(s)))
+        })
     }
 }
 
@@ -198,8 +203,12 @@ impl Serialize for ActorName {
 
 impl<'de> Deserialize<'de> for ActorName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = <&str>::deserialize(d)?;
-        Self::new(s).map_err(D::Error::custom)
+        thread_local! {
+            static DECODED: Memo<ActorName> = const { Memo::new() };
+        }
+        memo::with_str(d, |s| {
+            DECODED.with(|m| m.get_or_try(|n| *n.0 == *s, || Self::new(s)))
+        })
     }
 }
 
@@ -463,6 +472,31 @@ mod tests {
             "p/a[1]".parse::<PortId>(),
             Err(IdError::Missing(_))
         ));
+    }
+
+    proptest::proptest! {
+        /// The decoders keep the names they decoded last on their thread
+        /// (`crate::memo`): a stream of names that repeat, refused ones
+        /// among them, decodes each to what checking that name gives, from
+        /// postcard (lent strings) and JSON (escaped ones) alike.
+        #[test]
+        fn decoding_a_stream_of_names_checks_each_one(
+            names in proptest::collection::vec("[a-cA_-]{0,4}|[a-z0-9-]{62,65}", 1..12),
+            picks in proptest::collection::vec(proptest::arbitrary::any::<proptest::sample::Index>(), 1..40),
+        ) {
+            for (i, pick) in picks.iter().enumerate() {
+                let name = pick.get(&names);
+                let wire = postcard::to_allocvec(name.as_str()).unwrap();
+                let json = serde_json::to_string(name).unwrap().replace('a', "\\u0061");
+                let (proc, actor) = if i % 2 == 0 {
+                    (postcard::from_bytes::<ProcId>(&wire).ok(), postcard::from_bytes::<ActorName>(&wire).ok())
+                } else {
+                    (serde_json::from_str::<ProcId>(&json).ok(), serde_json::from_str::<ActorName>(&json).ok())
+                };
+                proptest::prop_assert_eq!(proc, ProcId::new(name).ok(), "{}", name);
+                proptest::prop_assert_eq!(actor, ActorName::new(name).ok(), "{}", name);
+            }
+        }
     }
 
     #[test]

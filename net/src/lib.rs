@@ -70,6 +70,7 @@ pub mod error;
 pub mod event;
 pub mod id;
 mod link;
+pub mod memo;
 pub mod session;
 #[cfg(feature = "sim")]
 pub mod sim;

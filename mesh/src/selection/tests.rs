@@ -843,6 +843,24 @@ proptest! {
         prop_assert_eq!(selection.to_string().parse::<Selection>().unwrap(), selection);
     }
 
+    /// The decoder keeps the selections it parsed last on its thread
+    /// (`regent_net::memo`): a stream of texts that repeat, and refused
+    /// ones among them, decodes each to what parsing that text gives.
+    #[test]
+    fn decoding_a_stream_of_selections_returns_each_text_parsed(
+        good in prop::collection::vec(arb_selection_text(), 1..10),
+        bad in prop::collection::vec("[a-c*()|&,=.:0-9 _!firstanyone]{0,12}", 0..6),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 1..40),
+    ) {
+        let texts: Vec<String> = good.iter().map(ToString::to_string).chain(bad).collect();
+        for pick in &picks {
+            let text = pick.get(&texts);
+            let bytes = postcard::to_allocvec(text.as_str()).unwrap();
+            let decoded = postcard::from_bytes::<Selection>(&bytes).ok();
+            prop_assert_eq!(decoded, text.parse::<Selection>().ok(), "{}", text);
+        }
+    }
+
     #[test]
     fn arbitrary_text_never_panics(input in any::<String>()) {
         check_parse(&input)?;

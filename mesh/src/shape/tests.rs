@@ -497,6 +497,29 @@ proptest! {
         }
     }
 
+    /// The decoder keeps the shapes it decoded last on its thread
+    /// (`regent_net::memo`): a stream of shapes that repeat, differ only in
+    /// their layout, or come between refused ones, decodes each to exactly
+    /// the shape encoded, and a refused one is refused every time.
+    #[test]
+    fn decoding_a_stream_of_shapes_returns_each_shape_encoded(
+        pool in prop::collection::vec(arb_shape(3, 3), 1..12),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 1..40),
+    ) {
+        for (i, pick) in picks.iter().enumerate() {
+            let s = pick.get(&pool);
+            let bytes = postcard::to_allocvec(s).unwrap();
+            let decoded: Shape = postcard::from_bytes(&bytes).unwrap();
+            prop_assert_eq!(&decoded, s);
+            if i % 3 == 0 && s.ndim() > 0 {
+                // The same layout under a reserved name: refused.
+                let mut json = serde_json::to_value(s).unwrap();
+                json["names"][0] = serde_json::json!("none");
+                prop_assert!(serde_json::from_value::<Shape>(json).is_err());
+            }
+        }
+    }
+
     #[test]
     fn decoding_arbitrary_slices_never_panics(
         offset in prop_oneof![0usize..10, Just(u32::MAX as usize), any::<usize>()],

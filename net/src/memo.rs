@@ -1,0 +1,203 @@
+//! A few values per thread that decoding made and checked, so that the
+//! same text on the wire again is not checked and allocated again.
+//!
+//! Every call and cast carries the same names (its origin's proc and
+//! actor, the mesh's shape, the selection's text), and a control thread
+//! decodes tens of thousands a second: checking and allocating them again
+//! each time was a tenth of a proc's CPU under pipelined calls. A
+//! [`Memo`] keeps the last [`MEMO_SLOTS`] values a decoder made; a decoder
+//! looks its input up first and, on a hit, clones what it made for the same
+//! input before (an `Arc` clone for names). A value is kept only when
+//! making it succeeded, and it is made from the input alone, so a hit
+//! returns exactly what decoding the input would (the tests of each decoder
+//! that uses one check it against a fresh decode); refused input is never
+//! kept, and a stream of distinct inputs costs one comparison per slot and
+//! evicts the oldest.
+//!
+//! Use one in a `thread_local!` per decoded type:
+//!
+//! ```
+//! use regent_net::memo::Memo;
+//!
+//! thread_local! {
+//!     static WORDS: Memo<std::sync::Arc<str>> = const { Memo::new() };
+//! }
+//!
+//! fn word(text: &str) -> Result<std::sync::Arc<str>, String> {
+//!     WORDS.with(|m| {
+//!         m.get_or_try(
+//!             |w| **w == *text,
+//!             || if text.is_empty() { Err("empty".to_owned()) } else { Ok(text.into()) },
+//!         )
+//!     })
+//! }
+//!
+//! let a = word("hosts").unwrap();
+//! let b = word("hosts").unwrap();
+//! assert!(std::sync::Arc::ptr_eq(&a, &b));
+//! assert!(word("").is_err());
+//! ```
+
+use std::cell::{Cell, RefCell};
+
+/// How many values a [`Memo`] keeps.
+pub const MEMO_SLOTS: usize = 8;
+
+/// The last [`MEMO_SLOTS`] values made by one decoder on one thread.
+#[derive(Debug, Default)]
+pub struct Memo<T> {
+    slots: RefCell<Vec<T>>,
+    /// The slot the next value replaces once all are full.
+    next: Cell<usize>,
+}
+
+impl<T: Clone> Memo<T> {
+    /// An empty memo.
+    pub const fn new() -> Self {
+        Self {
+            slots: RefCell::new(Vec::new()),
+            next: Cell::new(0),
+        }
+    }
+
+    /// A clone of the kept value that `hit` accepts, if any.
+    pub fn find(&self, hit: impl Fn(&T) -> bool) -> Option<T> {
+        self.slots.borrow().iter().find(|v| hit(v)).cloned()
+    }
+
+    /// Keeps `value`, replacing the oldest kept value when full.
+    pub fn keep(&self, value: T) {
+        let mut slots = self.slots.borrow_mut();
+        if slots.len() < MEMO_SLOTS {
+            slots.push(value);
+        } else {
+            let at = self.next.get() % MEMO_SLOTS;
+            slots[at] = value;
+            self.next.set(at + 1);
+        }
+    }
+
+    /// A clone of the kept value that `hit` accepts, else the value `make`
+    /// makes, kept when it is one. `make` may use other memos, even this
+    /// one: no borrow is held while it runs.
+    pub fn get_or_try<E>(
+        &self,
+        hit: impl Fn(&T) -> bool,
+        make: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        if let Some(kept) = self.find(hit) {
+            return Ok(kept);
+        }
+        let made = make()?;
+        self.keep(made.clone());
+        Ok(made)
+    }
+}
+
+/// Hands the string a deserializer holds to `f` without copying it where
+/// the deserializer can lend it (postcard over a slice); others pass a
+/// transient string (a JSON string with escapes) the same way. `f`'s error
+/// becomes the deserializer's, by its message.
+pub fn with_str<'de, D, T, M>(
+    deserializer: D,
+    f: impl FnOnce(&str) -> Result<T, M>,
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    M: std::fmt::Display,
+{
+    struct Visit<F>(F);
+    impl<T, M, F> serde::de::Visitor<'_> for Visit<F>
+    where
+        F: FnOnce(&str) -> Result<T, M>,
+        M: std::fmt::Display,
+    {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+            (self.0)(v).map_err(E::custom)
+        }
+    }
+    deserializer.deserialize_str(Visit(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn get(m: &Memo<Arc<str>>, text: &str, made: &mut u32) -> Result<Arc<str>, ()> {
+        m.get_or_try(
+            |w| **w == *text,
+            || {
+                *made += 1;
+                if text == "bad" {
+                    Err(())
+                } else {
+                    Ok(text.into())
+                }
+            },
+        )
+    }
+
+    #[test]
+    fn a_hit_returns_the_kept_value_and_makes_nothing() {
+        let m = Memo::new();
+        let mut made = 0;
+        let a = get(&m, "hosts", &mut made).unwrap();
+        let b = get(&m, "hosts", &mut made).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(made, 1);
+        let c = get(&m, "gpus", &mut made).unwrap();
+        assert_eq!(&*c, "gpus");
+        assert_eq!(made, 2);
+    }
+
+    #[test]
+    fn refused_input_is_never_kept() {
+        let m = Memo::new();
+        let mut made = 0;
+        assert!(get(&m, "bad", &mut made).is_err());
+        assert!(get(&m, "bad", &mut made).is_err());
+        assert_eq!(made, 2, "a refusal is made again, not remembered");
+        assert!(m.slots.borrow().is_empty());
+    }
+
+    #[test]
+    fn past_its_slots_the_oldest_value_goes_first() {
+        let m = Memo::new();
+        let mut made = 0;
+        let names: Vec<String> = (0..=MEMO_SLOTS).map(|i| format!("n{i}")).collect();
+        for n in &names {
+            get(&m, n, &mut made).unwrap();
+        }
+        assert_eq!(m.slots.borrow().len(), MEMO_SLOTS);
+        assert_eq!(made as usize, MEMO_SLOTS + 1);
+        // The newest and the others after the first are still kept...
+        for n in &names[1..] {
+            get(&m, n, &mut made).unwrap();
+        }
+        assert_eq!(made as usize, MEMO_SLOTS + 1);
+        // ...and the first was replaced.
+        get(&m, &names[0], &mut made).unwrap();
+        assert_eq!(made as usize, MEMO_SLOTS + 2);
+    }
+
+    #[test]
+    fn make_may_use_the_same_memo() {
+        let m: Memo<Arc<str>> = Memo::new();
+        let outer = m
+            .get_or_try(
+                |w| &**w == "outer",
+                || -> Result<Arc<str>, ()> {
+                    let inner = m.get_or_try(|w| &**w == "inner", || Ok("inner".into()))?;
+                    Ok(format!("outer-of-{inner}").into())
+                },
+            )
+            .unwrap();
+        assert_eq!(&*outer, "outer-of-inner");
+    }
+}
