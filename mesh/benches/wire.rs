@@ -1,10 +1,16 @@
-//! Micro-benchmarks of the control plane's hottest decode: the cast frame a
-//! proc takes off the wire for every call and cast (`ProcCommand::Cast`),
-//! as `call_one` sends it to one member of a `{hosts=16, gpus=8}` mesh.
+//! Micro-benchmarks of the control plane's per-cast work on a frame: the
+//! cast frame a proc takes off the wire for every call and cast
+//! (`ProcCommand::Cast`), as `call_one` sends it to one member of a
+//! `{hosts=16, gpus=8}` mesh: decoding it, encoding it, and binding its
+//! selection to its view (which the caller, the controller and the proc
+//! each do).
 //!
 //! The baseline, measured in the same run, is copying the frame's bytes
 //! into a fresh `Bytes` (what any decode that keeps the payload must at
-//! least do); compare `decode_call_frame` against it.
+//! least do); compare `decode_call_frame` and `encode_call_frame` against
+//! it. Decoding and encoding run the same frame again and again, as a
+//! control thread does, so they measure the memo's hits
+//! (`regent_net::memo`).
 //!
 //! Run: `cargo bench -p regent-mesh --bench wire`.
 
@@ -58,6 +64,14 @@ fn frames(c: &mut Criterion) {
     });
     group.bench_function("decode_call_frame", |b| {
         b.iter(|| postcard::from_bytes::<ProcCommand>(black_box(&bytes)).expect("decodes"))
+    });
+    group.bench_function("bind_call_selection", |b| {
+        let frame = call_frame();
+        b.iter(|| {
+            black_box(&frame.selection)
+                .bind(&frame.view, frame.seed)
+                .expect("binds")
+        })
     });
     group.bench_function("encode_call_frame", |b| {
         let command = ProcCommand::Cast(call_frame());

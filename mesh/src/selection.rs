@@ -445,15 +445,32 @@ impl Serialize for Selection {
     /// Serializes the canonical text; fails for a selection that does not
     /// [`validate`](Selection::validate) or prints longer than
     /// [`MAX_TEXT_BYTES`], since the receiver would refuse it.
+    ///
+    /// Every cast carries its selection: the texts of the selections
+    /// printed last on this thread are kept, and the same selection again
+    /// is not checked and printed again.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.validate().map_err(S::Error::custom)?;
-        let text = self.to_string();
-        if text.len() > MAX_TEXT_BYTES {
-            return Err(S::Error::custom(SelectionError::TooLong {
-                bytes: text.len(),
-                max: MAX_TEXT_BYTES,
-            }));
+        thread_local! {
+            static PRINTED: Memo<(Selection, std::sync::Arc<str>)> = const { Memo::new() };
         }
+        let (_, text) = PRINTED
+            .with(|m| {
+                m.get_or_try(
+                    |(kept, _)| kept == self,
+                    || {
+                        self.validate()?;
+                        let text = self.to_string();
+                        if text.len() > MAX_TEXT_BYTES {
+                            return Err(SelectionError::TooLong {
+                                bytes: text.len(),
+                                max: MAX_TEXT_BYTES,
+                            });
+                        }
+                        Ok((self.clone(), text.into()))
+                    },
+                )
+            })
+            .map_err(S::Error::custom)?;
         serializer.serialize_str(&text)
     }
 }

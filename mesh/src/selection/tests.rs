@@ -861,6 +861,25 @@ proptest! {
         }
     }
 
+    /// The encoder keeps the texts of the selections it printed last on
+    /// its thread: a stream of selections that repeat, and invalid ones
+    /// among them, encodes each to its own text, and refuses each invalid
+    /// one every time.
+    #[test]
+    fn encoding_a_stream_of_selections_carries_each_ones_text(
+        good in prop::collection::vec(arb_selection_text(), 1..10),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 1..40),
+    ) {
+        let invalid = [Selection::Union(vec![]), Selection::Dims(vec![])];
+        let pool: Vec<&Selection> = good.iter().chain(&invalid).collect();
+        for pick in &picks {
+            let s = *pick.get(&pool);
+            let encoded = postcard::to_allocvec(s).ok();
+            let expected = s.validate().ok().map(|()| postcard::to_allocvec(&s.to_string()).unwrap());
+            prop_assert_eq!(encoded, expected, "{:?}", s);
+        }
+    }
+
     #[test]
     fn arbitrary_text_never_panics(input in any::<String>()) {
         check_parse(&input)?;
