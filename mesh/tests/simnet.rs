@@ -428,3 +428,61 @@ fn after_each_fault_the_mesh_runs_again_in_a_newer_generation_within_a_bound_of_
         );
     }
 }
+
+/// A proc paused shorter than the failure timeout, while its controller
+/// floods its mesh with fire-and-forget casts, makes none of them lost:
+/// not its own, and not those of the proc that forwards to it in the cast
+/// tree (fan-out 1: the controller casts to proc 0, which forwards to proc
+/// 1), whose forwarding waits on the paused proc. The caster's credit
+/// (docs/semantics.md §4.3) holds the flood until the procs took what they
+/// were sent, instead of proc 0 refusing what its queue cannot hold.
+#[test]
+fn a_flood_of_fire_and_forget_casts_past_a_paused_proc_loses_none() {
+    const CASTS: u64 = 20_000;
+    simulate(|| async move {
+        let config = RuntimeConfig::default()
+            .fanout(std::num::NonZeroU32::MIN)
+            .endpoint(regent_net::EndpointConfig::default().failure_timeout(FAILURE_TIMEOUT));
+        let cluster = within("the cluster starts", SimCluster::start(11, 2, config))
+            .await
+            .expect("the cluster starts");
+        let mesh = within(
+            "the mesh spawns",
+            cluster
+                .procs()
+                .spawn_with::<Counter>("flooded", 1, &(), SpawnOptions::new()),
+        )
+        .await
+        .expect("the mesh spawns");
+        let victim = cluster.procs().procs()[1].proc.clone();
+        let allocator = cluster.allocator();
+        allocator.pause(&victim).unwrap();
+        let flood = {
+            let mesh = mesh.clone();
+            tokio::spawn(async move {
+                for n in 0..CASTS {
+                    mesh.cast_nowait(&Selection::All, &Op::Cast(n))
+                        .await
+                        .unwrap();
+                }
+            })
+        };
+        tokio::time::sleep(FAILURE_TIMEOUT / 2).await;
+        allocator.resume(&victim).unwrap();
+        within("the flood is handed over", flood).await.unwrap();
+        let counts = within("counts", mesh.call(&Selection::All, &Op::Count))
+            .await
+            .unwrap()
+            .into_result()
+            .expect("the members answer");
+        assert_eq!(
+            mesh.generation().0,
+            0,
+            "the pause was not taken for a failure"
+        );
+        assert_eq!(
+            counts.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
+            vec![CASTS, CASTS]
+        );
+    });
+}

@@ -35,6 +35,22 @@ use crate::shape::{Rank, Shape};
 /// dispatched; more wait (in order).
 const QUEUED_CASTS: usize = 1024;
 
+/// Fire-and-forget casts to one mesh from one caster between two that it
+/// sends acknowledged (credit probes, see [`Credit`]).
+pub(crate) const NOWAIT_PROBE_EVERY: u64 = 256;
+
+/// Credit probes to one mesh a caster has unacknowledged before it waits
+/// for the oldest: with probes every [`NOWAIT_PROBE_EVERY`] casts, at most
+/// `(NOWAIT_PROBES + 1) × NOWAIT_PROBE_EVERY` = 768 of a caster's casts to
+/// a mesh are not yet known to be taken by every proc, below the 1024 a
+/// proc queues for a mesh (`crate::proc::QUEUED_CASTS`).
+const NOWAIT_PROBES: usize = 2;
+
+/// Meshes a caster counts fire-and-forget casts for before it forgets
+/// those with no probe out and no cast since their last probe (all their
+/// casts acknowledged, so a count that starts again at 0 is safe).
+const CREDIT_MESHES: usize = 1024;
+
 /// Bytes a cast frame needs beyond its payload (selection, view, lost procs
 /// and the envelope), checked against the frame limit before sending.
 const FRAME_HEADROOM_BYTES: usize = 4096;
@@ -141,6 +157,56 @@ impl Caster {
     }
 }
 
+/// End-to-end credit for fire-and-forget casts, per mesh: a proc queues at
+/// most 1024 casts for a mesh and refuses more, and a caster that never
+/// hears back could outrun a slow proc and lose casts to that refusal. So
+/// every [`NOWAIT_PROBE_EVERY`]th fire-and-forget cast to a mesh goes out
+/// acknowledged (its sender still waits for nothing): FIFO per sender, so
+/// once it is acknowledged every proc has taken the casts before it. With
+/// [`NOWAIT_PROBES`] probes to a mesh unacknowledged, the caster waits for
+/// the oldest (its casts to every mesh, in order) before it sends more: a
+/// sender faster than a mesh's slowest proc is slowed to that proc's pace
+/// instead of losing casts.
+#[derive(Default)]
+struct Credit {
+    meshes: std::collections::HashMap<crate::protocol::MeshId, MeshCredit>,
+}
+
+struct MeshCredit {
+    /// Fire-and-forget casts since the last probe.
+    since: u64,
+    /// One permit per probe that may be out.
+    probes: Arc<tokio::sync::Semaphore>,
+}
+
+impl Credit {
+    /// Counts a fire-and-forget cast to `mesh`; when it is to go out as a
+    /// probe, the permit it holds until acknowledged (waiting for one
+    /// while `collecting` keeps collecting).
+    async fn count<F: Future<Output = ()>>(
+        &mut self,
+        mesh: crate::protocol::MeshId,
+        collecting: &mut FuturesUnordered<F>,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if self.meshes.len() >= CREDIT_MESHES && !self.meshes.contains_key(&mesh) {
+            self.meshes
+                .retain(|_, c| c.since > 0 || c.probes.available_permits() < NOWAIT_PROBES);
+        }
+        let credit = self.meshes.entry(mesh).or_insert_with(|| MeshCredit {
+            since: 0,
+            probes: Arc::new(tokio::sync::Semaphore::new(NOWAIT_PROBES)),
+        });
+        credit.since += 1;
+        if credit.since < NOWAIT_PROBE_EVERY {
+            return None;
+        }
+        credit.since = 0;
+        let probes = credit.probes.clone();
+        // The semaphore is never closed.
+        node::beside(probes.acquire_owned(), collecting).await.ok()
+    }
+}
+
 /// Dispatches the jobs in the order handed over, numbering them in that
 /// order (`CastOrder`) as casts of the caster `incarnation`.
 async fn run_caster(
@@ -157,6 +223,7 @@ async fn run_caster(
     // so that a sender waiting for room is woken once per batch, not once
     // per job (each wake is a futex call and a context switch).
     let mut taken = JobBatch::default();
+    let mut credit = Credit::default();
     loop {
         let mut job = tokio::select! {
             // Results first (they end casts), then new casts; a fixed order,
@@ -168,6 +235,16 @@ async fn run_caster(
                 None => break,
             },
         };
+        let probe = match job.done {
+            Some(_) => None,
+            None => credit.count(job.info.id, &mut collecting).await,
+        };
+        if probe.is_some() {
+            job.frame.reply = Some(ReplyTo {
+                port: fabric.reply_port(),
+                call: u64::MAX,
+            });
+        }
         seq += 1;
         job.frame.order = CastOrder {
             caster: incarnation,
@@ -177,8 +254,8 @@ async fn run_caster(
         // sent keep collecting and answering their callers meanwhile.
         let dispatch = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.frame, None);
         let d = node::beside(dispatch, &mut collecting).await;
-        if let Some(done) = job.done {
-            collecting.push(finish(&pending, d, done));
+        if job.done.is_some() || probe.is_some() {
+            collecting.push(finish(&pending, d, job.done, probe));
         }
     }
     // The casts already sent still answer their callers.
@@ -206,10 +283,19 @@ impl JobBatch {
     }
 }
 
-/// Collects a dispatched cast's results and hands them to its caller.
-async fn finish(pending: &Pending, d: node::Dispatched, done: oneshot::Sender<Contribution>) {
+/// Collects a dispatched cast's results and hands them to its caller, if
+/// it has one; a credit probe's permit is returned once they are in.
+async fn finish(
+    pending: &Pending,
+    d: node::Dispatched,
+    done: Option<oneshot::Sender<Contribution>>,
+    probe: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
     let c = node::collect(pending, d).await;
-    let _ = done.send(c);
+    if let Some(done) = done {
+        let _ = done.send(c);
+    }
+    drop(probe);
 }
 
 /// The frame that casts `msg` to `selection` of `view` (the whole mesh when
@@ -431,3 +517,6 @@ pub(crate) fn reduced<T: DeserializeOwned>(c: Contribution) -> Result<Reduced<T>
         failed: failures(c.failed),
     })
 }
+
+#[cfg(test)]
+mod tests;

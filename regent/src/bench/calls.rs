@@ -41,8 +41,8 @@
 //!   acknowledged cast to a mesh of P procs × 1 member, on a runtime of
 //!   cast fan-out [`CPU_FANOUT`], against the same with [`CPU_FANOUT`]
 //!   procs (a full first level); `controller_cpu_per_cast_nowait_<P>` the
-//!   same for fire-and-forget casts (an acked one after every
-//!   [`NOWAIT_FLUSH`], so that no proc falls past the casts it queues).
+//!   same for fire-and-forget casts (which the caster's credit keeps
+//!   within what each proc queues, docs/semantics.md §4.6).
 //!   Both are net of the controller's idle CPU over the casts' wall
 //!   time, which is `controller_idle_cpu_<P>` (ms of CPU per second with
 //!   nothing sent: heartbeats and lease renewals, per proc). The claim is
@@ -70,9 +70,6 @@ use super::{BenchOptions, Figure, Report, micros, percentile};
 const SUITE: &str = "mesh";
 /// Calls in flight for `pipelined_calls`.
 pub(crate) const IN_FLIGHT: usize = 1000;
-/// Fire-and-forget casts between acked ones in the nowait figures of
-/// [`cpu_per_cast`]: half of what a proc queues for a mesh.
-const NOWAIT_FLUSH: usize = regent_mesh::proc::QUEUED_CASTS / 2;
 /// The bytes of one TCP echo (as `net`'s).
 const ECHO_BYTES: usize = 64;
 
@@ -283,18 +280,8 @@ pub(crate) async fn cpu_per_cast(
         }
         let acked = net(process_cpu()? - cpu, wall.elapsed());
         let (cpu, wall) = (process_cpu()?, Instant::now());
-        for i in 1..=casts as usize {
+        for _ in 0..casts {
             mesh.cast_nowait(&Selection::All, &BenchOp::Echo(0)).await?;
-            // A proc queues at most `QUEUED_CASTS` casts for a mesh and
-            // refuses the rest: an acked cast now and then (FIFO, so once
-            // it is acked every proc has taken the casts before it) keeps
-            // the flood within that bound on a machine whose procs fall
-            // behind the controller.
-            if i.is_multiple_of(NOWAIT_FLUSH) {
-                mesh.cast(&Selection::All, &BenchOp::Echo(0))
-                    .await?
-                    .into_result()?;
-            }
         }
         // Delivered to all once an acked cast after them is (FIFO).
         mesh.cast(&Selection::All, &BenchOp::Echo(0))

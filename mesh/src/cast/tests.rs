@@ -1,0 +1,199 @@
+//! The caster's credit for fire-and-forget casts, against a fabric that
+//! records the frames a caster sends and answers only when the test says.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use regent_net::{ActorId, ActorName, Generation, PortId, ProcAddr, ProcId};
+
+use super::{Caster, NOWAIT_PROBE_EVERY, NOWAIT_PROBES, frame};
+use crate::entropy::Entropy;
+use crate::fabric::{Fabric, LostProcs, Pending, SendProblem, proc_port};
+use crate::protocol::{
+    CastFrame, CastToken, Collect, Contribution, MeshId, MeshInfo, ProcCommand, ProcReply,
+    ReplyBody, names,
+};
+use crate::selection::Selection;
+use crate::shape::Shape;
+
+/// A proc that takes every frame at once and answers none by itself.
+struct Recorder {
+    me: ProcId,
+    /// The one proc of the mesh.
+    peer: ProcId,
+    lost: LostProcs,
+    frames: Mutex<Vec<CastFrame>>,
+}
+
+impl Fabric for Recorder {
+    fn command(
+        &self,
+        _: &MeshInfo,
+        _: u32,
+        cmd: ProcCommand,
+        _: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<(), SendProblem>> {
+        if let ProcCommand::Cast(frame) = cmd {
+            self.frames.lock().unwrap().push(frame);
+        }
+        async { Ok(()) }.boxed()
+    }
+
+    fn send_to(
+        &self,
+        _: &ProcAddr,
+        _: ProcCommand,
+        _: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<(), SendProblem>> {
+        async { Err(SendProblem::Other("no relays here".into())) }.boxed()
+    }
+
+    fn reply(&self, _: PortId, _: ProcReply) -> BoxFuture<'_, ()> {
+        async {}.boxed()
+    }
+
+    fn reply_port(&self) -> PortId {
+        proc_port(&self.me, names::REPLY_PORT)
+    }
+
+    fn proc(&self) -> &ProcId {
+        &self.me
+    }
+
+    fn lost(&self) -> &LostProcs {
+        &self.lost
+    }
+}
+
+fn info(proc: &ProcId) -> Arc<MeshInfo> {
+    Arc::new(MeshInfo {
+        id: MeshId(1),
+        name: "m".into(),
+        actor_type: "t".into(),
+        shape: Shape::new([("procs", 1)]).unwrap(),
+        per_proc: 1,
+        procs: vec![ProcAddr {
+            socket: SocketAddr::from(([127, 0, 0, 1], 0)),
+            proc: proc.clone(),
+        }],
+        fanout: NonZeroU32::new(16).unwrap(),
+        owner: ActorId {
+            proc: ProcId::new("controller").unwrap(),
+            name: ActorName::new("controller").unwrap(),
+            index: 0,
+        }
+        .port(1),
+        generation: Generation(0),
+        token: CastToken::random(),
+    })
+}
+
+/// Lets the caster's task run until it waits for something.
+async fn settle() {
+    for _ in 0..64 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+/// A proc that falls behind cannot make a sender's fire-and-forget casts
+/// pile up past what it queues for a mesh: every 256th goes out
+/// acknowledged, and with two of those unanswered the caster sends no more
+/// until the older is answered; then the next batch goes, and every cast
+/// goes out once, in order.
+#[tokio::test(start_paused = true)]
+async fn fire_and_forget_casts_wait_for_credit_from_the_slowest_proc() {
+    let me = ProcId::new("controller").unwrap();
+    let proc = ProcId::new("p0").unwrap();
+    let fabric = Arc::new(Recorder {
+        me: me.clone(),
+        peer: proc.clone(),
+        lost: LostProcs::default(),
+        frames: Mutex::new(Vec::new()),
+    });
+    let pending = Arc::new(Pending::default());
+    let origin = ActorId {
+        proc: me,
+        name: ActorName::new("controller").unwrap(),
+        index: 0,
+    };
+    let caster = Arc::new(Caster::start(
+        fabric.clone(),
+        pending.clone(),
+        origin,
+        Arc::new(Entropy::seeded(7)),
+    ));
+    let info = info(&fabric.peer);
+    let casts = 2_000u64;
+    let sender = {
+        let caster = caster.clone();
+        let info = info.clone();
+        tokio::spawn(async move {
+            for i in 0..casts {
+                let f = frame(
+                    &info,
+                    None,
+                    &caster,
+                    &Selection::All,
+                    &i,
+                    Collect::Ack,
+                    Duration::from_secs(60),
+                )
+                .unwrap();
+                caster.cast(info.clone(), f, false).await.unwrap();
+            }
+        })
+    };
+    let window = (NOWAIT_PROBES as u64 + 1) * NOWAIT_PROBE_EVERY;
+    let sent = || fabric.frames.lock().unwrap().len() as u64;
+    settle().await;
+    assert_eq!(
+        sent(),
+        window - 1,
+        "the caster stops before the probe that would be the third unanswered"
+    );
+    // Answer the probes one by one: each answer lets one more batch go.
+    let mut answered = 0;
+    while sent() < casts {
+        let frames = fabric.frames.lock().unwrap().clone();
+        let probes: Vec<&CastFrame> = frames.iter().filter(|f| f.reply.is_some()).collect();
+        let probe = probes[answered];
+        let before = sent();
+        pending.resolve(
+            probe.reply.as_ref().unwrap().call,
+            ReplyBody::Cast(Contribution {
+                ok: 1,
+                ..Contribution::default()
+            }),
+            &proc,
+        );
+        answered += 1;
+        settle().await;
+        let now = sent();
+        assert!(
+            now == casts || now == before + NOWAIT_PROBE_EVERY,
+            "after answering probe {answered}, {before} -> {now} casts"
+        );
+        assert!(
+            now <= (answered as u64 + NOWAIT_PROBES as u64 + 1) * NOWAIT_PROBE_EVERY,
+            "never more than {window} past the last answered probe"
+        );
+    }
+    sender.await.unwrap();
+    let frames = fabric.frames.lock().unwrap();
+    // Every cast went out once, in order, each 256th as a probe.
+    for (i, f) in frames.iter().enumerate() {
+        let n = i as u64 + 1;
+        assert_eq!(f.order.seq, n);
+        assert_eq!(f.payload, crate::protocol::encode(&(n - 1)).unwrap());
+        assert_eq!(
+            f.reply.is_some(),
+            n.is_multiple_of(NOWAIT_PROBE_EVERY),
+            "cast {n}"
+        );
+    }
+}
