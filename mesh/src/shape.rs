@@ -956,7 +956,7 @@ struct ShapeParts {
 
 impl ShapeParts {
     /// Whether `shape` is the shape these parts make.
-    fn make(&self, shape: &Shape) -> bool {
+    fn makes(&self, shape: &Shape) -> bool {
         *shape.names == *self.names
             && shape.slice.offset == self.slice.offset
             && shape.slice.sizes == self.slice.sizes
@@ -982,7 +982,7 @@ impl<'de> Deserialize<'de> for Shape {
             static DECODED: Memo<Shape> = const { Memo::new() };
         }
         let parts = ShapeParts::deserialize(deserializer)?;
-        if let Some(shape) = DECODED.with(|m| m.find(|s| parts.make(s))) {
+        if let Some(shape) = DECODED.with(|m| m.find(|s| parts.makes(s))) {
             return Ok(shape);
         }
         let slice = Slice::new(parts.slice.offset, parts.slice.sizes, parts.slice.strides)
