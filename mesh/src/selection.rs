@@ -453,24 +453,22 @@ impl Serialize for Selection {
         thread_local! {
             static PRINTED: Memo<(Selection, std::sync::Arc<str>)> = const { Memo::new() };
         }
-        let (_, text) = PRINTED
-            .with(|m| {
-                m.get_or_try(
-                    |(kept, _)| kept == self,
-                    || {
-                        self.validate()?;
-                        let text = self.to_string();
-                        if text.len() > MAX_TEXT_BYTES {
-                            return Err(SelectionError::TooLong {
-                                bytes: text.len(),
-                                max: MAX_TEXT_BYTES,
-                            });
-                        }
-                        Ok((self.clone(), text.into()))
-                    },
-                )
-            })
-            .map_err(S::Error::custom)?;
+        // Only the text is taken from a hit: cloning the kept selection
+        // would allocate on every encode.
+        let kept =
+            PRINTED.with(|m| m.find_map(|(kept, text)| (kept == self).then(|| text.clone())));
+        if let Some(text) = kept {
+            return serializer.serialize_str(&text);
+        }
+        self.validate().map_err(S::Error::custom)?;
+        let text = self.to_string();
+        if text.len() > MAX_TEXT_BYTES {
+            return Err(S::Error::custom(SelectionError::TooLong {
+                bytes: text.len(),
+                max: MAX_TEXT_BYTES,
+            }));
+        }
+        PRINTED.with(|m| m.keep((self.clone(), text.as_str().into())));
         serializer.serialize_str(&text)
     }
 }

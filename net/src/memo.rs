@@ -5,7 +5,8 @@
 //! actor, the mesh's shape, the selection's text), and a control thread
 //! decodes tens of thousands a second: checking and allocating them again
 //! each time was a tenth of a proc's CPU under pipelined calls. A
-//! [`Memo`] keeps the last [`MEMO_SLOTS`] values a decoder made; a decoder
+//! [`Memo`] keeps the last [`MEMO_SLOTS`] values a decoder (or an encoder)
+//! made; a decoder
 //! looks its input up first and, on a hit, clones what it made for the same
 //! input before (an `Arc` clone for names). A value is kept only when
 //! making it succeeded, and it is made from the input alone, so a hit
@@ -62,7 +63,13 @@ impl<T: Clone> Memo<T> {
 
     /// A clone of the kept value that `hit` accepts, if any.
     pub fn find(&self, hit: impl Fn(&T) -> bool) -> Option<T> {
-        self.slots.borrow().iter().find(|v| hit(v)).cloned()
+        self.find_map(|v| hit(v).then(|| v.clone()))
+    }
+
+    /// What `f` takes from the first kept value it takes anything from
+    /// (a part of it, without cloning the rest).
+    pub fn find_map<R>(&self, f: impl Fn(&T) -> Option<R>) -> Option<R> {
+        self.slots.borrow().iter().find_map(f)
     }
 
     /// Keeps `value`, replacing the oldest kept value when full.
