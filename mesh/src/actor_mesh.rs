@@ -293,7 +293,7 @@ impl<A: MeshActor> ActorMesh<A> {
         let info = self.target.info();
         let caster = self.target.caster();
         let collect_kind = collect.clone();
-        let frame = cast::frame(
+        let cast = cast::frame(
             &info,
             self.view.as_ref(),
             caster,
@@ -302,10 +302,10 @@ impl<A: MeshActor> ActorMesh<A> {
             collect,
             timeout,
         )?;
-        let shape = frame.view.clone();
+        let shape = cast.frame.view.clone();
         let generation = info.generation;
         self.target.count(!matches!(collect_kind, Collect::Ack));
-        let c = caster.cast(info, frame, wait).await?.unwrap_or_default();
+        let c = caster.cast(info, cast, wait).await?.unwrap_or_default();
         Ok((shape, c, generation))
     }
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::MemberError;
 use crate::policy::{Decision, FailureCause, MeshFailure, PolicyWire};
-use crate::selection::Selection;
+use crate::selection::{Selected, Selection};
 use crate::shape::Shape;
 
 mod relay;
@@ -255,8 +255,9 @@ impl CastFrame {
 
     /// Checks a frame against the mesh as the receiving proc hosts it: this
     /// proc is the head of the frame's range (`proc_rank`), the range and
-    /// the view lie within the mesh, the layout matches.
-    pub fn validate_at(&self, info: &MeshInfo, proc_rank: u32) -> Result<(), String> {
+    /// the view lie within the mesh, the layout matches, and the selection
+    /// binds to the view: what it selects is returned.
+    pub fn validate_at(&self, info: &MeshInfo, proc_rank: u32) -> Result<Selected, String> {
         self.validate()?;
         let (lo, hi) = self.procs;
         if lo != proc_rank {
@@ -287,8 +288,7 @@ impl CastFrame {
         }
         self.selection
             .bind(&self.view, self.seed)
-            .map_err(|e| format!("selection: {e}"))?;
-        Ok(())
+            .map_err(|e| format!("selection: {e}"))
     }
 }
 

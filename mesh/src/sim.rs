@@ -517,7 +517,8 @@ impl SimWorld {
 
     /// Casts through the tree from the root and collects the result.
     async fn cast(&self, info: &MeshInfo, frame: &CastFrame) -> Contribution {
-        let d = node::dispatch(&self.fabric, &self.root_pending, info, frame, None).await;
+        let cast = node::Bound::new(frame.clone()).expect("the simulation's selections bind");
+        let d = node::dispatch(&self.fabric, &self.root_pending, info, &cast, None).await;
         node::collect(&self.root_pending, d).await
     }
 
@@ -530,7 +531,8 @@ impl SimWorld {
         let mut frame = frame.clone();
         frame.origin.proc = me.clone();
         let fabric = SimFabric::new(&self.world, me);
-        let d = node::dispatch(&fabric, &pending, info, &frame, None).await;
+        let cast = node::Bound::new(frame).expect("the simulation's selections bind");
+        let d = node::dispatch(&fabric, &pending, info, &cast, None).await;
         node::collect(&pending, d).await
     }
 
@@ -599,7 +601,7 @@ pub async fn simulate(
         fabric,
         &sim.root_pending,
         &info,
-        &sim.frame(&info, Collect::Ack, budget)?,
+        &node::Bound::new(sim.frame(&info, Collect::Ack, budget)?).map_err(err)?,
         None,
     )
     .await;

@@ -57,7 +57,7 @@ const FRAME_HEADROOM_BYTES: usize = 4096;
 
 struct Job {
     info: Arc<MeshInfo>,
-    frame: CastFrame,
+    cast: node::Bound,
     done: Option<oneshot::Sender<Contribution>>,
 }
 
@@ -103,9 +103,10 @@ impl Caster {
     pub(crate) async fn cast(
         &self,
         info: Arc<MeshInfo>,
-        mut frame: CastFrame,
+        mut cast: node::Bound,
         wait: bool,
     ) -> Result<Option<Contribution>, MeshError> {
+        let frame = &mut cast.frame;
         frame.lost = self.fabric.lost().ranks_of(&info);
         let max = self.fabric.max_frame_bytes();
         if frame.payload.len().saturating_add(FRAME_HEADROOM_BYTES) > max {
@@ -135,7 +136,7 @@ impl Caster {
         let budget = Duration::from_millis(u64::from(frame.budget_ms));
         let handed = tokio::task::unconstrained(tokio::time::timeout(
             budget,
-            self.jobs.send(Job { info, frame, done }),
+            self.jobs.send(Job { info, cast, done }),
         ))
         .await;
         match handed {
@@ -240,19 +241,19 @@ async fn run_caster(
             None => credit.count(job.info.id, &mut collecting).await,
         };
         if probe.is_some() {
-            job.frame.reply = Some(ReplyTo {
+            job.cast.frame.reply = Some(ReplyTo {
                 port: fabric.reply_port(),
                 call: u64::MAX,
             });
         }
         seq += 1;
-        job.frame.order = CastOrder {
+        job.cast.frame.order = CastOrder {
             caster: incarnation,
             seq,
         };
         // Dispatch can wait (on a proc's flow control): the casts already
         // sent keep collecting and answering their callers meanwhile.
-        let dispatch = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.frame, None);
+        let dispatch = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.cast, None);
         let d = node::beside(dispatch, &mut collecting).await;
         if job.done.is_some() || probe.is_some() {
             collecting.push(finish(&pending, d, job.done, probe));
@@ -299,8 +300,11 @@ async fn finish(
 }
 
 /// The frame that casts `msg` to `selection` of `view` (the whole mesh when
-/// `None`) with `timeout` to spend, from `caster`. The selection is checked
-/// here, so that procs never see one that does not bind.
+/// `None`) with `timeout` to spend, from `caster`, bound. The selection is
+/// checked here, so that procs never see one that does not bind, and is
+/// bound here, on the sender's thread, with the seed the frame carries, so
+/// that the caster's task (which dispatches every cast of its sender) does
+/// not bind it again.
 pub(crate) fn frame<M: Serialize>(
     info: &MeshInfo,
     view: Option<&Shape>,
@@ -309,10 +313,11 @@ pub(crate) fn frame<M: Serialize>(
     msg: &M,
     collect: Collect,
     timeout: Duration,
-) -> Result<CastFrame, MeshError> {
+) -> Result<node::Bound, MeshError> {
     let view = view.cloned().unwrap_or_else(|| info.shape.clone());
-    selection.bind(&view, 0)?;
-    Ok(CastFrame {
+    let seed = caster.entropy.next_u64();
+    let selected = selection.bind(&view, seed)?;
+    let frame = CastFrame {
         mesh: info.id,
         generation: info.generation,
         token: info.token,
@@ -321,7 +326,7 @@ pub(crate) fn frame<M: Serialize>(
         order: CastOrder::NONE,
         view,
         selection: selection.clone(),
-        seed: caster.entropy.next_u64(),
+        seed,
         procs: (0, info.proc_count()),
         per_proc: info.per_proc,
         lost: Vec::new(),
@@ -331,7 +336,8 @@ pub(crate) fn frame<M: Serialize>(
         budget_ms: u32::try_from(timeout.as_millis())
             .unwrap_or(u32::MAX)
             .min(crate::protocol::MAX_BUDGET_MS),
-    })
+    };
+    Ok(node::Bound { frame, selected })
 }
 
 fn failures(failed: Vec<(u32, MemberError)>) -> Vec<(Rank, MemberError)> {

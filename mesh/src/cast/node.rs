@@ -94,7 +94,26 @@ fn selected_in(selected: &Selected, ranks: Range<u32>) -> Vec<u32> {
     ranks.filter(|&r| selected.contains(Rank(r))).collect()
 }
 
-/// Forwards `frame` down the tree and delivers it to `local` (the members of
+/// A cast frame with its selection bound to its view and seed. A frame is
+/// bound once, where it is checked (the sender's [`super::frame`], a proc's
+/// [`CastFrame::validate_at`]), and every later step of its handling
+/// (dispatch, the checks of a held cast, a failure's reply) reads the
+/// members it selects from here: binding is a pure function of the
+/// selection, the view and the seed, so no step needs to bind it again.
+pub(crate) struct Bound {
+    pub(crate) frame: CastFrame,
+    pub(crate) selected: Selected,
+}
+
+impl Bound {
+    /// Binds `frame`'s selection.
+    pub(crate) fn new(frame: CastFrame) -> Result<Self, crate::selection::SelectionError> {
+        let selected = frame.selection.bind(&frame.view, frame.seed)?;
+        Ok(Self { frame, selected })
+    }
+}
+
+/// Forwards `cast` down the tree and delivers it to `local` (the members of
 /// proc `frame.procs.0`; `None` at the root, which holds no member). With
 /// `replies` false (a fire-and-forget cast at the root), nothing is
 /// registered and children are asked for no result.
@@ -102,23 +121,15 @@ pub(crate) async fn dispatch(
     fabric: &dyn Fabric,
     pending: &Pending,
     info: &MeshInfo,
-    frame: &CastFrame,
+    cast: &Bound,
     local: Option<&LocalMembers>,
 ) -> Dispatched {
+    let Bound { frame, selected } = cast;
     let budget = Duration::from_millis(u64::from(frame.budget_ms));
     let deadline = Instant::now() + budget;
     let mut d = Dispatched::new(frame.collect.clone(), deadline);
     // At the root, `reply` says whether the caller waits for results.
     let replies = frame.reply.is_some();
-    let selected = match frame.selection.bind(&frame.view, frame.seed) {
-        Ok(s) => s,
-        Err(e) => {
-            // The sender checks selections before casting; one that fails
-            // here selects nothing.
-            tracing::warn!(error = %e, "cast with a selection that does not bind; nothing selected");
-            return d;
-        }
-    };
     let (lo, hi) = frame.procs;
     let mut chunks: Vec<Range<u32>> = match local {
         Some(_) => tree::children(lo..hi, info.fanout).collect(),
@@ -128,7 +139,7 @@ pub(crate) async fn dispatch(
     let child_budget = (f64::from(frame.budget_ms) * CHILD_BUDGET_SHARE) as u32;
     while let Some(chunk) = chunks.pop() {
         let ranks = member_ranks(info.per_proc, chunk.clone());
-        let chosen = selected_in(&selected, ranks);
+        let chosen = selected_in(selected, ranks);
         if chosen.is_empty() {
             continue;
         }
@@ -141,7 +152,7 @@ pub(crate) async fn dispatch(
             // Around a lost head: its members fail now, its subtree is
             // forwarded to directly (in order, before the next chunk).
             let head = member_ranks(info.per_proc, chunk.start..chunk.start + 1);
-            for r in selected_in(&selected, head) {
+            for r in selected_in(selected, head) {
                 d.acc
                     .failed
                     .push((r, MemberError::NotRunning("proc lost".into())));

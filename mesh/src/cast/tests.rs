@@ -197,3 +197,50 @@ async fn fire_and_forget_casts_wait_for_credit_from_the_slowest_proc() {
         );
     }
 }
+
+/// The sender binds each frame once, with the seed the frame carries: what
+/// the caster dispatches from is what a proc that binds the frame alone
+/// gets, for a selection that the seed decides.
+#[tokio::test]
+async fn a_frame_is_bound_with_the_seed_it_carries() {
+    let me = ProcId::new("controller").unwrap();
+    let fabric = Arc::new(Recorder {
+        me: me.clone(),
+        peer: ProcId::new("p0").unwrap(),
+        lost: LostProcs::default(),
+        frames: Mutex::new(Vec::new()),
+    });
+    let origin = ActorId {
+        proc: me,
+        name: ActorName::new("controller").unwrap(),
+        index: 0,
+    };
+    let caster = Caster::start(
+        fabric.clone(),
+        Arc::new(Pending::default()),
+        origin,
+        Arc::new(Entropy::seeded(11)),
+    );
+    let info = info(&fabric.peer);
+    let view = Shape::new([("hosts", 4), ("gpus", 8)]).unwrap();
+    let one_gpu_each: Selection = "any(gpus: *)".parse().unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..64u64 {
+        let cast = frame(
+            &info,
+            Some(&view),
+            &caster,
+            &one_gpu_each,
+            &i,
+            Collect::Ack,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let f = &cast.frame;
+        let again = f.selection.bind(&f.view, f.seed).unwrap();
+        assert_eq!(cast.selected.ranks(), again.ranks(), "frame {i}");
+        assert_eq!(cast.selected.ranks().len(), 4);
+        seen.insert(cast.selected.ranks());
+    }
+    assert!(seen.len() > 1, "the seeds chose the same members each time");
+}

@@ -29,7 +29,7 @@ use regent_net::{Generation, PortId};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{KILL_WAIT, MEMBER_SHUTDOWN};
-use crate::cast::node::{self, LocalMembers};
+use crate::cast::node::{self, Bound, LocalMembers};
 use crate::life::{LifeEnd, LifeStart};
 use crate::member::{
     KnownMesh, Member, MemberInner, MemberMsg, PeersRestarted, ProcServices, StartContext,
@@ -113,7 +113,7 @@ pub(super) struct Hosted {
     /// The dispatcher's queue. The dispatcher is not aborted when the mesh
     /// goes: it answers the casts still queued (their members are gone) and
     /// ends, so that no caller waits for them until its deadline.
-    casts: mpsc::Sender<CastFrame>,
+    casts: mpsc::Sender<Bound>,
 }
 
 /// Starts the worker and dispatcher of a newly hosted mesh.
@@ -160,23 +160,23 @@ impl Hosted {
     /// waits on it: a cast that finds the queue full (its dispatcher waits
     /// on children that do not take frames) fails for its whole subtree at
     /// once, so that renewals and the owner's commands are never starved.
-    pub(super) fn cast(&self, frame: CastFrame) {
+    pub(super) fn cast(&self, cast: Bound) {
         use tokio::sync::mpsc::error::TrySendError;
-        match self.casts.try_send(frame) {
+        match self.casts.try_send(cast) {
             Ok(()) => {}
-            Err(TrySendError::Full(frame)) => {
+            Err(TrySendError::Full(cast)) => {
                 tracing::warn!(
                     queued = QUEUED_CASTS,
                     "a cast refused: the mesh's casts are backed up"
                 );
                 fail(
                     &self.shared,
-                    &frame,
+                    &cast,
                     "proc overloaded: its casts to this mesh are backed up",
                 );
             }
-            Err(TrySendError::Closed(frame)) => {
-                fail(&self.shared, &frame, "the mesh is stopping here")
+            Err(TrySendError::Closed(cast)) => {
+                fail(&self.shared, &cast, "the mesh is stopping here")
             }
         }
     }
@@ -569,7 +569,7 @@ async fn watch_life(
 /// one of an older generation does not: its sender is confused, and no
 /// order is owed to it), while casts of other senders pass. Held casts fail
 /// when they have waited `MAX_HOLD` or their budget, or the mesh stops.
-async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame>) {
+async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<Bound>) {
     let mut status = shared.known.status.subscribe();
     let mut starting = shared.starting.subscribe();
     let mut held: Vec<Held> = Vec::new();
@@ -588,23 +588,23 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
             // the casts hold.
             biased;
             Some(()) = collecting.next(), if !collecting.is_empty() => continue,
-            frame = casts.recv() => {
-                let Some(frame) = frame else { break };
-                if order.is_stale(&frame) {
-                    fail(&shared, &frame, STALE);
+            cast = casts.recv() => {
+                let Some(cast) = cast else { break };
+                if order.is_stale(&cast.frame) {
+                    fail(&shared, &cast, STALE);
                     continue;
                 }
-                if !behind(&held, &frame) && servable(&shared, &frame) {
-                    order.served(&frame);
-                    serve(&shared, frame, &mut collecting).await;
+                if !behind(&held, &cast.frame) && servable(&shared, &cast) {
+                    order.served(&cast.frame);
+                    serve(&shared, cast, &mut collecting).await;
                     continue;
                 }
                 if held.len() >= QUEUED_CASTS {
-                    fail(&shared, &frame, "proc overloaded: its casts to this mesh are backed up");
+                    fail(&shared, &cast, "proc overloaded: its casts to this mesh are backed up");
                 } else {
                     held.push(Held {
                         arrived: tokio::time::Instant::now(),
-                        frame,
+                        cast,
                     });
                 }
             }
@@ -625,7 +625,7 @@ async fn run_dispatcher(shared: Arc<Shared>, mut casts: mpsc::Receiver<CastFrame
         release_held(&shared, &mut held, &mut order, done, &mut collecting).await;
     }
     for h in held {
-        fail(&shared, &h.frame, "the mesh stopped");
+        fail(&shared, &h.cast, "the mesh stopped");
     }
     // The casts already served still answer for their subtrees.
     while collecting.next().await.is_some() {}
@@ -637,8 +637,8 @@ type Collecting = FuturesUnordered<BoxFuture<'static, ()>>;
 /// Serves a cast ([`serve_cast`]) and adds its collection to `collecting`.
 /// Serving can wait (on a slow child's flow control): the casts already
 /// served keep collecting and answering meanwhile.
-async fn serve(shared: &Shared, frame: CastFrame, collecting: &mut Collecting) {
-    if let Some(c) = node::beside(serve_cast(shared, frame), collecting).await {
+async fn serve(shared: &Shared, cast: Bound, collecting: &mut Collecting) {
+    if let Some(c) = node::beside(serve_cast(shared, cast), collecting).await {
         collecting.push(c);
     }
 }
@@ -714,12 +714,12 @@ impl Order {
 /// A cast waiting in the dispatcher.
 struct Held {
     arrived: tokio::time::Instant,
-    frame: CastFrame,
+    cast: Bound,
 }
 
 impl Held {
     fn budget(&self) -> Duration {
-        Duration::from_millis(u64::from(self.frame.budget_ms))
+        Duration::from_millis(u64::from(self.cast.frame.budget_ms))
     }
 
     /// When it fails if still held.
@@ -737,25 +737,19 @@ const MAX_HOLD: Duration = Duration::from_secs(5);
 /// a generation no newer than its own.
 fn behind(held: &[Held], frame: &CastFrame) -> bool {
     held.iter()
-        .any(|h| h.frame.origin == frame.origin && h.frame.generation <= frame.generation)
+        .any(|h| h.cast.frame.origin == frame.origin && h.cast.frame.generation <= frame.generation)
 }
 
 /// Whether a cast can be forwarded and delivered now: its generation is
 /// known here (one the proc has since left reaches only survivors, when
 /// served) and none of the local members it selects is being respawned.
-fn servable(shared: &Shared, frame: &CastFrame) -> bool {
+fn servable(shared: &Shared, cast: &Bound) -> bool {
     let known = shared.known.info().generation;
-    if frame.generation != known {
-        return frame.generation < known;
+    if cast.frame.generation != known {
+        return cast.frame.generation < known;
     }
     let starting = shared.starting.borrow();
-    if starting.is_empty() {
-        return true;
-    }
-    match frame.selection.bind(&frame.view, frame.seed) {
-        Ok(selected) => !starting.iter().any(|&r| selected.contains(Rank(r))),
-        Err(_) => true, // refused when served
-    }
+    !starting.iter().any(|&r| cast.selected.contains(Rank(r)))
 }
 
 /// Sleeps until `until` (forever without one).
@@ -783,7 +777,7 @@ async fn release_held(
     let known = shared.known.info().generation;
     let mut kept: Vec<Held> = Vec::with_capacity(held.len());
     for h in std::mem::take(held) {
-        let frame = &h.frame;
+        let frame = &h.cast.frame;
         if done || h.until() <= now {
             let why = if done {
                 "the mesh stopped"
@@ -792,18 +786,18 @@ async fn release_held(
             } else {
                 "the members it selects here did not restart in time"
             };
-            fail(shared, frame, why);
+            fail(shared, &h.cast, why);
         } else if order.is_stale(frame) {
-            fail(shared, frame, STALE);
-        } else if !behind(&kept, frame) && servable(shared, frame) {
+            fail(shared, &h.cast, STALE);
+        } else if !behind(&kept, frame) && servable(shared, &h.cast) {
             order.served(frame);
             // What is left of its budget after the wait.
             let left = h
                 .budget()
                 .saturating_sub(now.saturating_duration_since(h.arrived));
-            let mut frame = h.frame;
-            frame.budget_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
-            serve(shared, frame, collecting).await;
+            let mut cast = h.cast;
+            cast.frame.budget_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+            serve(shared, cast, collecting).await;
         } else {
             kept.push(h);
         }
@@ -817,12 +811,13 @@ async fn release_held(
 /// arrived while the cast waited in the queue), it still reaches the lives
 /// that began in that generation or before (survivors), never a life of a
 /// later one, and procs further down judge it as they take it.
-async fn serve_cast(shared: &Shared, frame: CastFrame) -> Option<BoxFuture<'static, ()>> {
+async fn serve_cast(shared: &Shared, cast: Bound) -> Option<BoxFuture<'static, ()>> {
     let fabric = shared.services.fabric.clone();
     let pending = shared.services.pending.clone();
     let info = shared.known.info();
+    let frame = &cast.frame;
     if frame.generation > info.generation {
-        fail(shared, &frame, "cast for another generation of the mesh");
+        fail(shared, &cast, "cast for another generation of the mesh");
         return None;
     }
     // Only a cast the proc has moved on from needs each life's generation.
@@ -839,10 +834,10 @@ async fn serve_cast(shared: &Shared, frame: CastFrame) -> Option<BoxFuture<'stat
                 .map(|l| l.actor.clone())
         })
         .collect();
-    let d = node::dispatch(fabric.as_ref(), &pending, &info, &frame, Some(&members)).await;
+    let d = node::dispatch(fabric.as_ref(), &pending, &info, &cast, Some(&members)).await;
     // A cast that wants results is answered once they are in; one that
     // does not is done.
-    let reply = frame.reply?;
+    let reply = cast.frame.reply?;
     Some(Box::pin(async move {
         let contribution = node::collect(&pending, d).await;
         let parts = node::split(contribution, fabric.max_frame_bytes());
@@ -866,15 +861,12 @@ async fn serve_cast(shared: &Shared, frame: CastFrame) -> Option<BoxFuture<'stat
     }))
 }
 
-fn fail(shared: &Shared, frame: &CastFrame, why: &str) {
+fn fail(shared: &Shared, cast: &Bound, why: &str) {
+    let frame = &cast.frame;
     let Some(reply_to) = &frame.reply else { return };
     let ranks = node::member_ranks(frame.per_proc, frame.procs.0..frame.procs.1);
-    let failed = match frame.selection.bind(&frame.view, frame.seed) {
-        Ok(selected) => match super::failed_in(&selected, ranks, why) {
-            Some(failed) => failed,
-            None => return,
-        },
-        Err(_) => Vec::new(),
+    let Some(failed) = super::failed_in(&cast.selected, ranks, why) else {
+        return;
     };
     reply(
         shared,

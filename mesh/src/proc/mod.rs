@@ -23,7 +23,8 @@ use regent_net::{ActorId, Endpoint, PortId, ProcId};
 use regent_rdma::BufferManager;
 use tokio::sync::mpsc;
 
-use crate::cast::{Caster, node};
+use crate::cast::Caster;
+use crate::cast::node::{self, Bound};
 use crate::entropy::Entropy;
 use crate::error::MemberError;
 use crate::fabric::{Fabric, NetFabric, Pending};
@@ -628,12 +629,14 @@ impl ProcRuntime {
             return self.fail_subtree(frame, "cast for another generation of the mesh");
         }
         // What validate_at checks does not change with the generation.
-        if let Err(e) = frame.validate_at(&info, hosted.proc_rank) {
-            self.refused += 1;
-            tracing::warn!(from = %sender, mesh = %info.name, error = %e, "an invalid cast refused");
-            return self.fail_subtree(frame, &format!("refused: an invalid cast ({e})"));
+        match frame.validate_at(&info, hosted.proc_rank) {
+            Ok(selected) => hosted.cast(Bound { frame, selected }),
+            Err(e) => {
+                self.refused += 1;
+                tracing::warn!(from = %sender, mesh = %info.name, error = %e, "an invalid cast refused");
+                self.fail_subtree(frame, &format!("refused: an invalid cast ({e})"));
+            }
         }
-        hosted.cast(frame);
     }
 
     /// Answers for a whole subtree that this proc cannot serve: every
