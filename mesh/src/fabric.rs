@@ -149,11 +149,9 @@ impl LostProcs {
 
     /// Whether a proc is known to be lost.
     pub(crate) fn contains(&self, proc: &ProcId) -> bool {
-        self.inner
-            .lock()
-            .expect("lost procs lock")
-            .set
-            .contains(proc)
+        let inner = self.inner.lock().expect("lost procs lock");
+        // Asked for every frame sent: no hashing while none is lost.
+        !inner.set.is_empty() && inner.set.contains(proc)
     }
 
     /// The proc ranks of `info` known to be lost.
@@ -303,9 +301,13 @@ pub(crate) fn proc_port(proc: &ProcId, port: u32) -> PortId {
 
 /// The proc runtime actor of `proc`.
 pub(crate) fn proc_actor(proc: &ProcId) -> ActorId {
+    // Made once: every command a node sends names it (a clone shares it).
+    static NAME: std::sync::LazyLock<regent_net::ActorName> = std::sync::LazyLock::new(|| {
+        regent_net::ActorName::new(names::PROC).expect("a valid constant name")
+    });
     ActorId {
         proc: proc.clone(),
-        name: regent_net::ActorName::new(names::PROC).expect("a valid constant name"),
+        name: NAME.clone(),
         index: 0,
     }
 }
