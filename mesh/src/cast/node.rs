@@ -54,7 +54,7 @@ pub(crate) struct Dispatched {
     /// asked for one: a node without children (a leaf, or a cast that
     /// selects only local members) makes none.
     results: Option<ResultsChannel>,
-    local: FuturesUnordered<BoxFuture<'static, (u32, EncodedReply)>>,
+    local: LocalReplies,
     /// Local members whose reply is awaited.
     local_waiting: BTreeSet<u32>,
     acc: Contribution,
@@ -68,7 +68,7 @@ impl Dispatched {
             children: Vec::new(),
             child_calls: Vec::new(),
             results: None,
-            local: FuturesUnordered::new(),
+            local: LocalReplies::None,
             local_waiting: BTreeSet::new(),
             acc: Contribution::default(),
         }
@@ -81,6 +81,54 @@ impl Dispatched {
             .get_or_insert_with(mpsc::unbounded_channel)
             .0
             .clone()
+    }
+}
+
+/// A local member's reply, with its rank.
+type LocalReply = BoxFuture<'static, (u32, EncodedReply)>;
+
+/// The local members' replies a node waits for. Most casts wait for none
+/// (fire-and-forget, acknowledged, or no local member: the root) and a call
+/// to one member for one: those make no `FuturesUnordered` (its queue and
+/// task allocations, and a wake through it per reply).
+enum LocalReplies {
+    None,
+    One(LocalReply),
+    Many(FuturesUnordered<LocalReply>),
+}
+
+impl LocalReplies {
+    fn push(&mut self, reply: LocalReply) {
+        *self = match std::mem::replace(self, Self::None) {
+            Self::None => Self::One(reply),
+            Self::One(first) => Self::Many([first, reply].into_iter().collect()),
+            Self::Many(all) => {
+                all.push(reply);
+                Self::Many(all)
+            }
+        };
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Self::None => true,
+            Self::One(_) => false,
+            Self::Many(all) => all.is_empty(),
+        }
+    }
+
+    /// The next reply in; `None` once none is awaited. Cancel-safe: a
+    /// reply not yet in stays awaited.
+    async fn next(&mut self) -> Option<(u32, EncodedReply)> {
+        match self {
+            Self::None => None,
+            Self::One(reply) => {
+                let r = reply.await;
+                *self = Self::None;
+                Some(r)
+            }
+            Self::Many(all) => all.next().await,
+        }
     }
 }
 
@@ -518,7 +566,9 @@ mod tests {
     use futures::stream::FuturesUnordered;
     use tokio::sync::oneshot;
 
-    use super::beside;
+    use futures::FutureExt;
+
+    use super::{EncodedReply, LocalReplies, LocalReply, beside};
 
     /// A step that waits on what an earlier cast's collection does (as a
     /// forward waits on flow control that only the answers free) finishes:
@@ -543,5 +593,39 @@ mod tests {
         assert_eq!(got, 7);
         assert_eq!(collecting.len(), 1, "the finished collection is dropped");
         drop(tx);
+    }
+
+    fn reply(rank: u32, rx: oneshot::Receiver<EncodedReply>) -> LocalReply {
+        async move { (rank, rx.await.expect("answered")) }.boxed()
+    }
+
+    /// Replies come out as they come in, however many are awaited, and a
+    /// wait given up before a reply is in loses nothing.
+    #[tokio::test]
+    async fn local_replies_come_out_once_each_in_arrival_order() {
+        for n in [1u32, 2, 5] {
+            let mut local = LocalReplies::None;
+            assert!(local.is_empty());
+            let mut answers = Vec::new();
+            for rank in 0..n {
+                let (tx, rx) = oneshot::channel();
+                local.push(reply(rank, rx));
+                answers.push(tx);
+            }
+            assert!(!local.is_empty());
+            // Nothing is in yet: a try gives up, and keeps waiting.
+            assert!(local.next().now_or_never().is_none());
+            // Answered last to first.
+            let mut got = Vec::new();
+            for (rank, tx) in answers.into_iter().enumerate().rev() {
+                tx.send(Ok(bytes::Bytes::from(vec![rank as u8]))).unwrap();
+                let (r, value) = local.next().await.expect("a reply awaited");
+                assert_eq!(value.unwrap(), bytes::Bytes::from(vec![r as u8]));
+                got.push(r);
+            }
+            assert_eq!(got, (0..n).rev().collect::<Vec<_>>(), "{n} replies");
+            assert!(local.is_empty());
+            assert!(local.next().await.is_none());
+        }
     }
 }
