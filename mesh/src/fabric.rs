@@ -219,6 +219,12 @@ pub(crate) enum ChildResult {
 }
 
 impl Pending {
+    /// Calls waited on now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.calls.lock().expect("pending calls lock").len()
+    }
+
     pub(crate) fn register(&self, waiter: Waiter) -> u64 {
         let call = self.next.fetch_add(1, Ordering::Relaxed);
         self.calls

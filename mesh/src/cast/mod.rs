@@ -58,13 +58,29 @@ const FRAME_HEADROOM_BYTES: usize = 4096;
 struct Job {
     info: Arc<MeshInfo>,
     cast: node::Bound,
-    done: Option<oneshot::Sender<Contribution>>,
+    done: Option<oneshot::Sender<Handed>>,
+}
+
+/// What the caster hands a caller that waits for its cast's results.
+enum Handed {
+    /// The results, collected by the caster.
+    Done(Contribution),
+    /// A cast that waits on one child and no local member (a call to one
+    /// member, or to a mesh of one proc), dispatched: the caller collects
+    /// it on its own task. That takes the collection (its timer, the wake
+    /// through the caster's set, the hand-over of the result) off the
+    /// caster's task, which dispatches every cast of its sender, at no cost
+    /// in wakes: the caller is woken once either way. A cast with several
+    /// children stays with the caster, which wakes the caller once when all
+    /// are in rather than once per child.
+    Collect(node::Dispatched),
 }
 
 /// The root of one sender's casts (see the module docs). Cheap to share.
 pub(crate) struct Caster {
     jobs: mpsc::Sender<Job>,
     fabric: Arc<dyn Fabric>,
+    pending: Arc<Pending>,
     origin: regent_net::ActorId,
     /// Where the seeds of its casts (and its owner's cast tokens) come from.
     entropy: Arc<Entropy>,
@@ -88,10 +104,11 @@ impl Caster {
     ) -> Self {
         let (jobs, rx) = mpsc::channel(QUEUED_CASTS);
         let incarnation = entropy.next_u64();
-        let task = tokio::spawn(run_caster(fabric.clone(), pending, incarnation, rx));
+        let task = tokio::spawn(run_caster(fabric.clone(), pending.clone(), incarnation, rx));
         Self {
             jobs,
             fabric,
+            pending,
             origin,
             entropy,
             task,
@@ -153,7 +170,11 @@ impl Caster {
         }
         match answer {
             None => Ok(None),
-            Some(rx) => rx.await.map(Some).map_err(|_| MeshError::Stopped(name)),
+            Some(rx) => match rx.await {
+                Ok(Handed::Done(c)) => Ok(Some(c)),
+                Ok(Handed::Collect(d)) => Ok(Some(node::collect(&self.pending, d).await)),
+                Err(_) => Err(MeshError::Stopped(name)),
+            },
         }
     }
 }
@@ -255,8 +276,17 @@ async fn run_caster(
         // sent keep collecting and answering their callers meanwhile.
         let dispatch = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.cast, None);
         let d = node::beside(dispatch, &mut collecting).await;
-        if job.done.is_some() || probe.is_some() {
-            collecting.push(finish(&pending, d, job.done, probe));
+        match job.done {
+            Some(done) if d.one_child_only() => {
+                if let Err(Handed::Collect(d)) = done.send(Handed::Collect(d)) {
+                    // The caller gave up: nobody collects.
+                    node::abandon(&pending, d);
+                }
+            }
+            done if done.is_some() || probe.is_some() => {
+                collecting.push(finish(&pending, d, done, probe));
+            }
+            _ => {}
         }
     }
     // The casts already sent still answer their callers.
@@ -289,12 +319,12 @@ impl JobBatch {
 async fn finish(
     pending: &Pending,
     d: node::Dispatched,
-    done: Option<oneshot::Sender<Contribution>>,
+    done: Option<oneshot::Sender<Handed>>,
     probe: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
     let c = node::collect(pending, d).await;
     if let Some(done) = done {
-        let _ = done.send(c);
+        let _ = done.send(Handed::Done(c));
     }
     drop(probe);
 }

@@ -74,6 +74,11 @@ impl Dispatched {
         }
     }
 
+    /// Whether it waits on one child at most and on no local member.
+    pub(crate) fn one_child_only(&self) -> bool {
+        self.children.len() <= 1 && self.local.is_empty()
+    }
+
     /// Where a child's result goes (the channel is made at the first
     /// child).
     fn results_sender(&mut self) -> mpsc::UnboundedSender<(usize, ChildResult)> {
@@ -353,9 +358,38 @@ fn local_part(collect: &Collect, rank: u32, reply: EncodedReply) -> Contribution
     part
 }
 
+/// Gives up on a dispatched cast that nobody collects: its children's
+/// calls are forgotten.
+pub(crate) fn abandon(pending: &Pending, d: Dispatched) {
+    for &call in &d.child_calls {
+        pending.forget(call);
+    }
+}
+
+/// The children's calls of a cast being collected, forgotten if the
+/// collection is dropped before it ends (its caller gave up), so that no
+/// waiter stays registered for a child that never answers.
+struct ChildCalls<'a> {
+    pending: &'a Pending,
+    calls: Vec<u64>,
+}
+
+impl Drop for ChildCalls<'_> {
+    fn drop(&mut self) {
+        for &call in &self.calls {
+            self.pending.forget(call);
+        }
+    }
+}
+
 /// Waits for the local replies and the children's results until all are in
 /// or the deadline passes; what is missing then is reported as timed out.
+/// Dropped before then, it forgets its children's calls.
 pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contribution {
+    let mut calls = ChildCalls {
+        pending,
+        calls: std::mem::take(&mut d.child_calls),
+    };
     let mut waiting: Vec<bool> = vec![true; d.children.len()];
     let mut open_children = waiting.len();
     let deadline = tokio::time::sleep_until(d.deadline);
@@ -408,7 +442,7 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
     let answered = answered(&d.acc);
     for (index, still) in waiting.iter().enumerate() {
         if *still {
-            pending.forget(d.child_calls[index]);
+            pending.forget(calls.calls[index]);
             d.acc.failed.extend(
                 d.children[index]
                     .iter()
@@ -417,6 +451,8 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
             );
         }
     }
+    // Every call is now answered or forgotten.
+    calls.calls.clear();
     if !d.local_waiting.is_empty() {
         tracing::warn!(
             late = d.local_waiting.len(),

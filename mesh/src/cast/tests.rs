@@ -244,3 +244,75 @@ async fn a_frame_is_bound_with_the_seed_it_carries() {
     }
     assert!(seen.len() > 1, "the seeds chose the same members each time");
 }
+
+/// A call to one member is collected on the caller's task: a caller that
+/// gives up before the answer leaves no waiter behind for it, and one that
+/// waits gets what its member answered.
+#[tokio::test(start_paused = true)]
+async fn a_call_given_up_leaves_no_waiter_behind() {
+    let me = ProcId::new("controller").unwrap();
+    let fabric = Arc::new(Recorder {
+        me: me.clone(),
+        peer: ProcId::new("p0").unwrap(),
+        lost: LostProcs::default(),
+        frames: Mutex::new(Vec::new()),
+    });
+    let pending = Arc::new(Pending::default());
+    let origin = ActorId {
+        proc: me,
+        name: ActorName::new("controller").unwrap(),
+        index: 0,
+    };
+    let caster = Caster::start(
+        fabric.clone(),
+        pending.clone(),
+        origin,
+        Arc::new(Entropy::seeded(5)),
+    );
+    let info = info(&fabric.peer);
+    let call = |i: u64| {
+        frame(
+            &info,
+            None,
+            &caster,
+            &Selection::All,
+            &i,
+            Collect::Gather,
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    };
+    // Given up long before its budget: nobody answered.
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(1),
+        caster.cast(info.clone(), call(1), true),
+    )
+    .await;
+    assert!(gave_up.is_err(), "nobody answered, yet the call ended");
+    settle().await;
+    assert_eq!(pending.len(), 0, "the call given up is still waited on");
+    // One that waits gets the answer its member gave.
+    let waits = {
+        let caster = &caster;
+        let info = info.clone();
+        async move { caster.cast(info, call(2), true).await }
+    };
+    let answer = async {
+        settle().await;
+        let frames = fabric.frames.lock().unwrap().clone();
+        let reply = frames.last().and_then(|f| f.reply.clone()).expect("a call");
+        pending.resolve(
+            reply.call,
+            ReplyBody::Cast(Contribution {
+                ok: 1,
+                values: vec![(0, bytes::Bytes::from_static(b"v"))],
+                ..Contribution::default()
+            }),
+            &fabric.peer,
+        );
+    };
+    let (got, ()) = tokio::join!(waits, answer);
+    let got = got.unwrap().expect("results");
+    assert_eq!(got.values, vec![(0, bytes::Bytes::from_static(b"v"))]);
+    assert_eq!(pending.len(), 0);
+}
