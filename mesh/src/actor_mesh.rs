@@ -25,7 +25,7 @@ use crate::member::{KnownMesh, Member};
 use crate::policy::{MeshFailure, MeshStatus};
 use crate::protocol::{Collect, MeshId, MeshInfo, ReplyBody, SpawnChild, encode};
 use crate::reducer::{self, Reducer};
-use crate::selection::{DimSpec, Selection};
+use crate::selection::{Constraint, DimSpec, Selection};
 use crate::shape::{Rank, Shape};
 
 /// Where a mesh reference finds its mesh (see the module docs).
@@ -410,20 +410,39 @@ impl<A: MeshActor> ActorMesh<A> {
     /// Sends `msg` to the member at `rank` (of the whole mesh) and returns
     /// its reply.
     pub async fn call_one(&self, rank: Rank, msg: &A::Msg) -> Result<A::Reply, MeshError> {
-        let shape = self.mesh_shape();
-        let point = shape.point_of(rank).ok_or(MeshError::NoSuchRank(rank))?;
-        let selection = Selection::dims(
-            point
-                .names()
-                .iter()
-                .zip(point.coords())
-                .map(|(n, c)| (n.as_str().to_owned(), DimSpec::Index(*c))),
-        )?;
-        let whole = Self {
-            view: None,
-            ..self.clone()
+        // The member's point as a constraint list over the mesh's own names
+        // (shared, not made again from their text on every call).
+        let selection = {
+            let info = self.target.info();
+            let coords = info
+                .shape
+                .layout()
+                .coords_of(rank)
+                .ok_or(MeshError::NoSuchRank(rank))?;
+            Selection::Dims(
+                info.shape
+                    .names()
+                    .iter()
+                    .zip(coords)
+                    .map(|(dim, c)| Constraint {
+                        dim: dim.clone(),
+                        spec: DimSpec::Index(c),
+                    })
+                    .collect(),
+            )
         };
-        let vm = whole.call(&selection, msg).await?;
+        let whole;
+        let mesh = match self.view {
+            None => self,
+            Some(_) => {
+                whole = Self {
+                    view: None,
+                    ..self.clone()
+                };
+                &whole
+            }
+        };
+        let vm = mesh.call(&selection, msg).await?;
         let mut values = vm.into_result()?;
         values
             .pop()

@@ -137,6 +137,13 @@ async fn cast_call_and_reduce_over_a_mesh() {
     // A slice touches nothing and addresses only its members.
     let second = mesh.at("procs", 1).unwrap();
     assert_eq!(second.shape().len(), 4);
+    // `call_one` takes a rank of the whole mesh, from any view of it.
+    assert_eq!(second.call_one(Rank(2), &Op::Rank).await.unwrap(), 2);
+    assert_eq!(second.call_one(Rank(5), &Op::Rank).await.unwrap(), 5);
+    assert!(matches!(
+        mesh.call_one(Rank(16), &Op::Rank).await,
+        Err(regent_mesh::MeshError::NoSuchRank(Rank(16)))
+    ));
     let vm = second.call(&Selection::All, &Op::Rank).await.unwrap();
     assert_eq!(
         vm.values().iter().map(|(_, v)| *v).collect::<Vec<_>>(),
