@@ -92,6 +92,31 @@ fn info(proc: &ProcId) -> Arc<MeshInfo> {
     })
 }
 
+/// A caster (its casts' seeds from `seed`) sending through a recording
+/// fabric to a mesh of one proc, and the calls it waits on.
+fn recorded_caster(seed: u64) -> (Arc<Recorder>, Arc<Pending>, Caster) {
+    let me = ProcId::new("controller").unwrap();
+    let fabric = Arc::new(Recorder {
+        me: me.clone(),
+        peer: ProcId::new("p0").unwrap(),
+        lost: LostProcs::default(),
+        frames: Mutex::new(Vec::new()),
+    });
+    let pending = Arc::new(Pending::default());
+    let origin = ActorId {
+        proc: me,
+        name: ActorName::new("controller").unwrap(),
+        index: 0,
+    };
+    let caster = Caster::start(
+        fabric.clone(),
+        pending.clone(),
+        origin,
+        Arc::new(Entropy::seeded(seed)),
+    );
+    (fabric, pending, caster)
+}
+
 /// Lets the caster's task run until it waits for something.
 async fn settle() {
     for _ in 0..64 {
@@ -107,26 +132,9 @@ async fn settle() {
 /// goes out once, in order.
 #[tokio::test(start_paused = true)]
 async fn fire_and_forget_casts_wait_for_credit_from_the_slowest_proc() {
-    let me = ProcId::new("controller").unwrap();
-    let proc = ProcId::new("p0").unwrap();
-    let fabric = Arc::new(Recorder {
-        me: me.clone(),
-        peer: proc.clone(),
-        lost: LostProcs::default(),
-        frames: Mutex::new(Vec::new()),
-    });
-    let pending = Arc::new(Pending::default());
-    let origin = ActorId {
-        proc: me,
-        name: ActorName::new("controller").unwrap(),
-        index: 0,
-    };
-    let caster = Arc::new(Caster::start(
-        fabric.clone(),
-        pending.clone(),
-        origin,
-        Arc::new(Entropy::seeded(7)),
-    ));
+    let (fabric, pending, caster) = recorded_caster(7);
+    let proc = fabric.peer.clone();
+    let caster = Arc::new(caster);
     let info = info(&fabric.peer);
     let casts = 2_000u64;
     let sender = {
@@ -203,24 +211,7 @@ async fn fire_and_forget_casts_wait_for_credit_from_the_slowest_proc() {
 /// gets, for a selection that the seed decides.
 #[tokio::test]
 async fn a_frame_is_bound_with_the_seed_it_carries() {
-    let me = ProcId::new("controller").unwrap();
-    let fabric = Arc::new(Recorder {
-        me: me.clone(),
-        peer: ProcId::new("p0").unwrap(),
-        lost: LostProcs::default(),
-        frames: Mutex::new(Vec::new()),
-    });
-    let origin = ActorId {
-        proc: me,
-        name: ActorName::new("controller").unwrap(),
-        index: 0,
-    };
-    let caster = Caster::start(
-        fabric.clone(),
-        Arc::new(Pending::default()),
-        origin,
-        Arc::new(Entropy::seeded(11)),
-    );
+    let (fabric, _, caster) = recorded_caster(11);
     let info = info(&fabric.peer);
     let view = Shape::new([("hosts", 4), ("gpus", 8)]).unwrap();
     let one_gpu_each: Selection = "any(gpus: *)".parse().unwrap();
@@ -250,25 +241,7 @@ async fn a_frame_is_bound_with_the_seed_it_carries() {
 /// waits gets what its member answered.
 #[tokio::test(start_paused = true)]
 async fn a_call_given_up_leaves_no_waiter_behind() {
-    let me = ProcId::new("controller").unwrap();
-    let fabric = Arc::new(Recorder {
-        me: me.clone(),
-        peer: ProcId::new("p0").unwrap(),
-        lost: LostProcs::default(),
-        frames: Mutex::new(Vec::new()),
-    });
-    let pending = Arc::new(Pending::default());
-    let origin = ActorId {
-        proc: me,
-        name: ActorName::new("controller").unwrap(),
-        index: 0,
-    };
-    let caster = Caster::start(
-        fabric.clone(),
-        pending.clone(),
-        origin,
-        Arc::new(Entropy::seeded(5)),
-    );
+    let (fabric, pending, caster) = recorded_caster(5);
     let info = info(&fabric.peer);
     let call = |i: u64| {
         frame(
