@@ -713,11 +713,12 @@ impl<'de> Deserialize<'de> for Slice {
 /// The shape of a mesh: named dimensions over a [`Slice`]. Prints as
 /// `{hosts=4, gpus=8}` (sizes only; offsets and strides show in `Debug`).
 ///
-/// A shape is cheap to clone (the names are shared) and never empty.
+/// A shape is cheap to clone (names and slice are shared: every cast
+/// carries its view, and a node clones it for each child) and never empty.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Shape {
     names: Arc<[DimName]>,
-    slice: Slice,
+    slice: Arc<Slice>,
 }
 
 impl Shape {
@@ -757,7 +758,7 @@ impl Shape {
         }
         Ok(Shape {
             names: names.into(),
-            slice,
+            slice: Arc::new(slice),
         })
     }
 
@@ -904,7 +905,7 @@ impl Shape {
     pub(crate) fn restrict(&self, position: usize, axis: Axis) -> Option<Shape> {
         (axis.count > 0).then(|| Shape {
             names: self.names.clone(),
-            slice: self.slice.restrict(position, axis),
+            slice: Arc::new(self.slice.restrict(position, axis)),
         })
     }
 
@@ -924,7 +925,7 @@ impl Shape {
         names.remove(position);
         Ok(Shape {
             names: names.into(),
-            slice: self.slice.fix(position, index),
+            slice: Arc::new(self.slice.fix(position, index)),
         })
     }
 }

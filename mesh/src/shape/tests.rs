@@ -541,3 +541,17 @@ proptest! {
         }
     }
 }
+
+/// A clone shares its original's names and slice (every cast carries its
+/// view, and a tree node clones it for each child): no copy is made.
+#[test]
+fn a_shape_clone_shares_its_parts() {
+    let s = shape(&[("hosts", 4), ("gpus", 8)]);
+    let view = s.at("hosts", 1).unwrap();
+    for original in [s, view] {
+        let copy = original.clone();
+        assert!(std::ptr::eq(original.layout(), copy.layout()));
+        assert!(std::ptr::eq(original.names(), copy.names()));
+        assert_eq!(original, copy);
+    }
+}
