@@ -10,7 +10,7 @@
 //! O(N) per `first`/`any`, with at most depth + 1 bitsets alive.
 
 use super::{DimSpec, Selection, SelectionError};
-use crate::shape::{Axis, DimName, Rank, Shape, Slice, for_each_run};
+use crate::shape::{Axis, DimName, Rank, Shape, for_each_run};
 
 /// The members of a shape that a selection picks, for one seed
 /// ([`Selection::bind`]).
@@ -40,10 +40,7 @@ impl Selection {
     pub fn bind(&self, shape: &Shape, seed: u64) -> Result<Selected, SelectionError> {
         self.validate()?;
         let node = Node::bind(self, shape)?;
-        let point_strides = Slice::row_major(shape.sizes().to_vec())
-            .map_err(SelectionError::Shape)?
-            .strides()
-            .to_vec();
+        let point_strides = row_major_strides(shape.sizes());
         let members = match node {
             Node::All => Members::Box(full_axes(shape)),
             Node::None => Members::Empty,
@@ -85,6 +82,19 @@ impl Selection {
     ) -> Result<Vec<Rank>, SelectionError> {
         Ok(self.bind(shape, seed)?.ranks_in(region))
     }
+}
+
+/// The row-major strides of a shape's sizes: point index = Σ c[i] × s[i].
+/// A shape's sizes are checked (none zero, their product a `u32`), so no
+/// product here overflows.
+fn row_major_strides(sizes: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; sizes.len()];
+    let mut stride = 1usize;
+    for (s, &size) in strides.iter_mut().zip(sizes).rev() {
+        *s = stride;
+        stride *= size;
+    }
+    strides
 }
 
 impl Shape {
@@ -589,5 +599,27 @@ impl Bits {
                 })
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use crate::shape::{MAX_DIMS, Slice};
+
+    proptest! {
+        /// The strides a bind computes are the row-major slice's.
+        #[test]
+        fn bound_strides_are_the_row_major_slices(
+            sizes in proptest::collection::vec(1usize..12, 1..=MAX_DIMS)
+                .prop_filter("a shape's size", |s| {
+                    s.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+                        .is_some_and(|n| n <= u64::from(u32::MAX))
+                })
+        ) {
+            let slice = Slice::row_major(sizes.clone()).unwrap();
+            prop_assert_eq!(super::row_major_strides(&sizes), slice.strides().to_vec());
+        }
     }
 }
