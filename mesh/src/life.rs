@@ -298,7 +298,7 @@ impl<A: MeshActor> Actor for MemberActor<A> {
                 };
                 match AssertUnwindSafe(as_member(
                     state.tag.as_ref(),
-                    actor.handle(&state.member, message),
+                    Box::pin(actor.handle(&state.member, message)),
                 ))
                 .catch_unwind()
                 .await
@@ -330,7 +330,7 @@ impl<A: MeshActor> Actor for MemberActor<A> {
             MemberMsg::PeersRestarted(change) => {
                 match AssertUnwindSafe(as_member(
                     state.tag.as_ref(),
-                    actor.peers_restarted(&state.member, &change),
+                    Box::pin(actor.peers_restarted(&state.member, &change)),
                 ))
                 .catch_unwind()
                 .await
@@ -356,7 +356,7 @@ impl<A: MeshActor> Actor for MemberActor<A> {
             MemberMsg::Supervise { failure, reply } => {
                 let decision = AssertUnwindSafe(as_member(
                     state.tag.as_ref(),
-                    actor.supervise(&state.member, &failure),
+                    Box::pin(actor.supervise(&state.member, &failure)),
                 ))
                 .catch_unwind()
                 .await;
@@ -392,5 +392,58 @@ impl<A: MeshActor> Actor for MemberActor<A> {
         }
         state.end(LifeEnd::Stopped);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of what `make` returns, without calling it.
+    fn returned_size<R>(_: impl FnOnce() -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// A member whose handler keeps 16 KiB across an await.
+    struct Large;
+
+    impl MeshActor for Large {
+        const NAME: &'static str = "regent-test/large-handler";
+        type Args = ();
+        type Msg = u64;
+        type Reply = u64;
+
+        async fn new(_: &Member, (): ()) -> Result<Self, crate::ActorError> {
+            Ok(Self)
+        }
+
+        async fn handle(&mut self, _: &Member, x: u64) -> Result<u64, crate::ActorError> {
+            let block = [x as u8; 16 << 10];
+            tokio::task::yield_now().await;
+            Ok(u64::from(std::hint::black_box(block)[100]))
+        }
+    }
+
+    /// Each message's handling builds the user's handler future once, on
+    /// the heap: the actor's own future (built for every message, and moved
+    /// by ractor on its way in) does not carry it, so a large handler costs
+    /// one copy per message rather than one per layer around it.
+    #[test]
+    #[allow(unreachable_code, clippy::diverging_sub_expression)]
+    fn a_large_handler_future_is_not_carried_by_the_actors_own() {
+        let handler = returned_size(|| Large.handle(unreachable!(), unreachable!()));
+        assert!(handler > 16 << 10, "the test handler is {handler} bytes");
+        let actor = returned_size(|| {
+            <MemberActor<Large> as Actor>::handle(
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+            )
+        });
+        assert!(
+            actor < 2 << 10,
+            "the member actor's handle future is {actor} bytes for a {handler}-byte handler"
+        );
     }
 }
