@@ -225,7 +225,9 @@ impl Credit {
         credit.since = 0;
         let probes = credit.probes.clone();
         // The semaphore is never closed.
-        node::beside(probes.acquire_owned(), collecting).await.ok()
+        node::beside(std::pin::pin!(probes.acquire_owned()), collecting)
+            .await
+            .ok()
     }
 }
 
@@ -274,7 +276,13 @@ async fn run_caster(
         };
         // Dispatch can wait (on a proc's flow control): the casts already
         // sent keep collecting and answering their callers meanwhile.
-        let dispatch = node::dispatch(fabric.as_ref(), &pending, &job.info, &job.cast, None);
+        let dispatch = std::pin::pin!(node::dispatch(
+            fabric.as_ref(),
+            &pending,
+            &job.info,
+            &job.cast,
+            None
+        ));
         let d = node::beside(dispatch, &mut collecting).await;
         match job.done {
             Some(done) if d.one_child_only() => {

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::Range;
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -471,18 +472,21 @@ pub(crate) async fn collect(pending: &Pending, mut d: Dispatched) -> Contributio
 /// casts wait for their results in its own task: while it forwards the next
 /// one, which can wait on a slow child's flow control, earlier ones still
 /// answer); returns what `work` returns.
+///
+/// `work` is pinned where the caller keeps it: a future taken by value
+/// would be moved into this one's state and pinned again there, two copies
+/// of a state that is kilobytes for a node's dispatch.
 pub(crate) async fn beside<T, F>(
-    work: impl Future<Output = T>,
+    mut work: Pin<&mut impl Future<Output = T>>,
     collecting: &mut FuturesUnordered<F>,
 ) -> T
 where
     F: Future<Output = ()>,
 {
-    tokio::pin!(work);
     loop {
         tokio::select! {
             biased;
-            t = &mut work => return t,
+            t = work.as_mut() => return t,
             Some(()) = collecting.next(), if !collecting.is_empty() => {}
         }
     }
@@ -622,10 +626,13 @@ mod tests {
         collecting.push(Box::pin(async move {
             let _ = never.await;
         }));
-        let got = tokio::time::timeout(Duration::from_secs(5), beside(answer, &mut collecting))
-            .await
-            .expect("the step waited on a collection that was not run")
-            .expect("the collection answered");
+        let got = tokio::time::timeout(
+            Duration::from_secs(5),
+            beside(std::pin::pin!(answer), &mut collecting),
+        )
+        .await
+        .expect("the step waited on a collection that was not run")
+        .expect("the collection answered");
         assert_eq!(got, 7);
         assert_eq!(collecting.len(), 1, "the finished collection is dropped");
         drop(tx);
