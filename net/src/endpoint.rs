@@ -299,6 +299,12 @@ enum Prepared<M> {
     Remote(M, Bytes),
 }
 
+/// A send done at once, or the wait for room it needs.
+enum Attempt<'a, M> {
+    Done(Result<(), SendError<M>>),
+    Wait(std::pin::Pin<Box<dyn Future<Output = Result<(), SendError<M>>> + Send + 'a>>),
+}
+
 /// Gives a local message back: the delivery was built from an `M`.
 fn give_back_local<M: Message>(delivery: Delivery, failure: SendFailure) -> SendError<M> {
     let message = match delivery.payload {
@@ -633,24 +639,60 @@ impl Endpoint {
         generation: Generation,
         message: M,
     ) -> Result<(), SendError<M>> {
-        match self.prepare(from, to, generation, message)? {
+        // Room in the buffer is the rule: only a send that must wait keeps
+        // its wait (a kilobyte of state, with the message) on the heap,
+        // rather than every send's future, which callers box and move.
+        let wait = match self.send_or_wait(from, to, generation, message) {
+            Attempt::Done(sent) => return sent,
+            Attempt::Wait(wait) => wait,
+        };
+        wait.await
+    }
+
+    /// [`Self::send`] when it need not wait; else the wait.
+    fn send_or_wait<'a, M: Message>(
+        &'a self,
+        from: &'a ActorId,
+        to: &'a PortId,
+        generation: Generation,
+        message: M,
+    ) -> Attempt<'a, M> {
+        let prepared = match self.prepare(from, to, generation, message) {
+            Ok(p) => p,
+            Err(e) => return Attempt::Done(Err(e)),
+        };
+        match prepared {
             Prepared::Local(delivery) => match self.local_port(&delivery) {
-                Ok(entry) => entry.tx.send(delivery).await.map_err(|e| {
-                    let port = e.0.receiver.clone();
-                    give_back_local(e.0, SendFailure::NoSuchPort(port))
-                }),
-                Err(failure) => Err(give_back_local(delivery, failure)),
+                Ok(entry) => match entry.tx.try_send(delivery) {
+                    Ok(()) => Attempt::Done(Ok(())),
+                    Err(mpsc::error::TrySendError::Full(delivery)) => {
+                        Attempt::Wait(Box::pin(async move {
+                            entry.tx.send(delivery).await.map_err(|e| {
+                                let port = e.0.receiver.clone();
+                                give_back_local(e.0, SendFailure::NoSuchPort(port))
+                            })
+                        }))
+                    }
+                    Err(mpsc::error::TrySendError::Closed(d)) => {
+                        let port = d.receiver.clone();
+                        Attempt::Done(Err(give_back_local(d, SendFailure::NoSuchPort(port))))
+                    }
+                },
+                Err(failure) => Attempt::Done(Err(give_back_local(delivery, failure))),
             },
-            Prepared::Remote(message, payload) => outbound::enqueue(
-                &self.inner,
-                from,
-                to,
-                generation,
-                TypeTag::of::<M>(),
-                payload,
-            )
-            .await
-            .map_err(|failure| SendError { message, failure }),
+            Prepared::Remote(message, payload) => {
+                let tag = TypeTag::of::<M>();
+                match outbound::attempt(&self.inner, from, to, generation, tag, &payload) {
+                    outbound::Attempted::Done(sent) => {
+                        Attempt::Done(sent.map_err(|failure| SendError { message, failure }))
+                    }
+                    outbound::Attempted::Full(pair) => Attempt::Wait(Box::pin(async move {
+                        outbound::enqueue_on(&self.inner, pair, from, to, generation, tag, payload)
+                            .await
+                            .map_err(|failure| SendError { message, failure })
+                    })),
+                }
+            }
         }
     }
 
@@ -680,7 +722,7 @@ impl Endpoint {
                 to,
                 generation,
                 TypeTag::of::<M>(),
-                payload,
+                &payload,
             )
             .map_err(|failure| SendError { message, failure }),
         }

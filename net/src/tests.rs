@@ -786,3 +786,84 @@ async fn a_peer_that_closes_its_endpoint_is_reported_shut_down_not_lost() {
     };
     assert_eq!(cause, LinkFailure::PeerShutdown);
 }
+
+/// A send that finds its pair's buffer full waits for room, then goes out
+/// after what filled it, in order; one to a full local inbox the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_to_a_full_buffer_waits_for_room_and_keeps_its_place() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let small = EndpointConfig::default()
+        .send_buffer_messages(NonZeroUsize::new(16).unwrap())
+        .inbox_messages(NonZeroUsize::new(16).unwrap())
+        .stream_window_bytes(64 << 10);
+    let a = bind(&ca, "a", small.clone());
+    let b = bind(&ca, "b", small);
+    a.add_route(b.addr());
+    let from = pid("a").actor("src", 0).unwrap();
+    let remote = b
+        .open_port(pid("b").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    let local = a
+        .open_port(pid("a").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    for mut inbox in [remote, local] {
+        let to = inbox.port().clone();
+        // Fill the way to `to` (buffer, stream window, inbox) until a send
+        // would wait, and still would a moment later.
+        let blob = |n: u8| Blob(vec![n; 4096]);
+        let mut sent = 0u8;
+        timeout(DEADLINE, async {
+            loop {
+                if a.try_send(&from, &to, Generation(0), blob(sent)).is_ok() {
+                    sent += 1;
+                    continue;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if a.try_send(&from, &to, Generation(0), blob(sent)).is_ok() {
+                    sent += 1;
+                } else {
+                    break;
+                }
+            }
+        })
+        .await
+        .expect("the way fills up");
+        let last = {
+            let (a, from, to) = (a.clone(), from.clone(), to.clone());
+            tokio::spawn(async move { a.send(&from, &to, Generation(0), blob(sent)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!last.is_finished(), "a send to a full buffer waits");
+        // Taking what filled it makes room, and the waiting send goes last.
+        for n in 0..=sent {
+            let got = recv(&mut inbox).await.decode::<Blob>().unwrap();
+            assert_eq!(got.0[0], n, "to {to}");
+        }
+        timeout(DEADLINE, last)
+            .await
+            .expect("the waiting send ends")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// A send's future does not carry the state of a wait for room (a
+/// kilobyte, on the heap only when a send must wait): callers box and move
+/// it for every message.
+#[test]
+#[allow(unreachable_code, clippy::diverging_sub_expression)]
+fn a_send_future_is_its_message_and_little_more() {
+    fn returned_size<R>(_: impl FnOnce() -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+    let send = returned_size(|| {
+        Endpoint::send::<Num>(
+            unreachable!(),
+            unreachable!(),
+            unreachable!(),
+            unreachable!(),
+            unreachable!(),
+        )
+    });
+    assert!(send <= 256, "a send of a Num is a {send}-byte future");
+}

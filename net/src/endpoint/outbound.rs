@@ -173,25 +173,71 @@ pub(crate) fn try_enqueue(
     to: &PortId,
     generation: Generation,
     type_tag: TypeTag,
-    payload: Bytes,
+    payload: &Bytes,
 ) -> Result<(), SendFailure> {
+    match attempt(inner, from, to, generation, type_tag, payload) {
+        Attempted::Done(result) => result,
+        Attempted::Full(_) => Err(SendFailure::Full),
+    }
+}
+
+/// What [`attempt`] did.
+pub(crate) enum Attempted {
+    Done(Result<(), SendFailure>),
+    /// The pair's buffer is full: [`enqueue_on`] waits for room in it.
+    Full(Arc<Pair>),
+}
+
+/// [`enqueue`] without the wait: done, or the pair whose buffer is full.
+pub(crate) fn attempt(
+    inner: &Arc<Inner>,
+    from: &ActorId,
+    to: &PortId,
+    generation: Generation,
+    type_tag: TypeTag,
+    payload: &Bytes,
+) -> Attempted {
     for _ in 0..3 {
         if *inner.shutdown.borrow() {
-            return Err(SendFailure::Closed);
+            return Attempted::Done(Err(SendFailure::Closed));
         }
-        let pair = pair_for(inner, to.proc(), (from.clone(), to.actor.clone()))?;
+        let pair = match pair_for(inner, to.proc(), (from.clone(), to.actor.clone())) {
+            Ok(pair) => pair,
+            Err(failure) => return Attempted::Done(Err(failure)),
+        };
         let permit = match pair.permits.try_acquire() {
             Ok(p) => p,
-            Err(TryAcquireError::NoPermits) => return Err(SendFailure::Full),
+            Err(TryAcquireError::NoPermits) => return Attempted::Full(pair.clone()),
             Err(TryAcquireError::Closed) => continue,
         };
         if let Some(result) = accept(
-            inner, &pair, permit, from, to, generation, type_tag, &payload,
+            inner, &pair, permit, from, to, generation, type_tag, payload,
         ) {
-            return result;
+            return Attempted::Done(result);
         }
     }
-    Err(SendFailure::Closed)
+    Attempted::Done(Err(SendFailure::Closed))
+}
+
+/// [`enqueue`] on the pair that [`attempt`] found full: waits for room in
+/// it (no second lookup); if the pair closed meanwhile, starts over.
+pub(crate) async fn enqueue_on(
+    inner: &Arc<Inner>,
+    pair: Arc<Pair>,
+    from: &ActorId,
+    to: &PortId,
+    generation: Generation,
+    type_tag: TypeTag,
+    payload: Bytes,
+) -> Result<(), SendFailure> {
+    if let Ok(permit) = pair.permits.acquire().await
+        && let Some(result) = accept(
+            inner, &pair, permit, from, to, generation, type_tag, &payload,
+        )
+    {
+        return result;
+    }
+    enqueue(inner, from, to, generation, type_tag, payload).await
 }
 
 /// Keeps the message in the pair (holding a buffer permit) and writes it if
