@@ -147,35 +147,46 @@ impl Caster {
         // The hand-over is the cast's place in the order, so it must not
         // yield to tokio's cooperative budget: a budget-exhausted send
         // returns `Pending` without queueing, and when many casts are polled
-        // together (`join_all`) a later one would take its place. Unbudgeted,
-        // the send queues at once (or waits in the channel's FIFO queue when
-        // it is full). Waiting for room is inside the budget too.
+        // together (`join_all`) a later one would take its place. So the
+        // job is queued at once if there is room (never behind a sender
+        // already waiting: the channel gives room to waiters first), else
+        // it waits in the channel's FIFO queue, unbudgeted, within the
+        // cast's budget. That wait is on the heap: it is rare, and in this
+        // future it would make every cast's (and its callers') state larger
+        // by a job and a timer, all copied as each is built.
         let budget = Duration::from_millis(u64::from(frame.budget_ms));
-        let handed = tokio::task::unconstrained(tokio::time::timeout(
-            budget,
-            self.jobs.send(Job { info, cast, done }),
-        ))
-        .await;
-        match handed {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => return Err(MeshError::Stopped(name)),
-            Err(_) => {
-                return Err(MeshError::Timeout {
-                    what: format!(
-                        "handing a cast to {name}'s tree (the sender's queue stayed full)"
-                    ),
-                    after: budget,
-                });
+        let wait = match self.jobs.try_send(Job { info, cast, done }) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(MeshError::Stopped(name)),
+            Err(mpsc::error::TrySendError::Full(job)) => Some(Box::pin(
+                tokio::task::unconstrained(tokio::time::timeout(budget, self.jobs.send(job))),
+            )),
+        };
+        if let Some(wait) = wait {
+            match wait.await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(MeshError::Stopped(name)),
+                Err(_) => {
+                    return Err(MeshError::Timeout {
+                        what: format!(
+                            "handing a cast to {name}'s tree (the sender's queue stayed full)"
+                        ),
+                        after: budget,
+                    });
+                }
             }
         }
-        match answer {
-            None => Ok(None),
-            Some(rx) => match rx.await {
-                Ok(Handed::Done(c)) => Ok(Some(c)),
-                Ok(Handed::Collect(d)) => Ok(Some(node::collect(&self.pending, d).await)),
-                Err(_) => Err(MeshError::Stopped(name)),
-            },
-        }
+        let Some(answer) = answer else {
+            return Ok(None);
+        };
+        let d = match answer.await {
+            Ok(Handed::Done(c)) => return Ok(Some(c)),
+            Ok(Handed::Collect(d)) => d,
+            Err(_) => return Err(MeshError::Stopped(name)),
+        };
+        // On the heap for the same reason as the wait above (it is most
+        // of a call's state), though every call to one member collects.
+        Ok(Some(Box::pin(node::collect(&self.pending, d)).await))
     }
 }
 

@@ -10,7 +10,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use regent_net::{ActorId, ActorName, Generation, PortId, ProcAddr, ProcId};
 
-use super::{Caster, NOWAIT_PROBE_EVERY, NOWAIT_PROBES, frame};
+use super::{Caster, Job, NOWAIT_PROBE_EVERY, NOWAIT_PROBES, frame, node};
 use crate::entropy::Entropy;
 use crate::fabric::{Fabric, LostProcs, Pending, SendProblem, proc_port};
 use crate::protocol::{
@@ -288,4 +288,33 @@ async fn a_call_given_up_leaves_no_waiter_behind() {
     let got = got.unwrap().expect("results");
     assert_eq!(got.values, vec![(0, bytes::Bytes::from_static(b"v"))]);
     assert_eq!(pending.len(), 0);
+}
+
+/// A cast's future (and so every call's: the caller's mesh call holds it)
+/// carries neither the wait for room in the caster's queue nor the
+/// collection of its results: both go on the heap when they are needed,
+/// since the state of a future is copied whole each time it is built into
+/// its caller's. (The wait itself: every cast still goes out once and in
+/// order past a full queue, which
+/// `fire_and_forget_casts_wait_for_credit_from_the_slowest_proc` fills.)
+#[test]
+#[allow(unreachable_code, clippy::diverging_sub_expression)]
+fn a_cast_future_carries_neither_its_wait_nor_its_collection() {
+    fn returned_size<R>(_: impl FnOnce() -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+    let cast = returned_size(|| {
+        Caster::cast(
+            unreachable!(),
+            unreachable!(),
+            unreachable!(),
+            unreachable!(),
+        )
+    });
+    let collection = returned_size(|| node::collect(unreachable!(), unreachable!()));
+    let job = std::mem::size_of::<Job>();
+    assert!(
+        cast < collection + job,
+        "a cast is a {cast}-byte future ({collection} bytes of collection, {job} of job)"
+    );
 }
