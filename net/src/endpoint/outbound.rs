@@ -137,7 +137,7 @@ enum Retry {
 }
 
 /// Accepts a message for a remote port: finds (or starts) the session and
-/// pair, waits for buffer space if `wait`, and keeps it for the pair driver.
+/// pair, waits for buffer space, and keeps it for the pair driver.
 pub(crate) async fn enqueue(
     inner: &Arc<Inner>,
     from: &ActorId,
