@@ -86,3 +86,10 @@ pub use runtime::{
 };
 pub use selection::{ParseError, Selected, Selection, SelectionError};
 pub use shape::{DimName, DimRange, Point, Rank, Shape, ShapeError, Slice};
+
+/// Tests: the size of what `make` would return, without calling it (a
+/// closure of `unreachable!()` arguments names a future's type).
+#[cfg(test)]
+pub(crate) fn returned_size<R>(_make: impl FnOnce() -> R) -> usize {
+    std::mem::size_of::<R>()
+}

@@ -399,11 +399,6 @@ impl<A: MeshActor> Actor for MemberActor<A> {
 mod tests {
     use super::*;
 
-    /// The size of what `make` returns, without calling it.
-    fn returned_size<R>(_: impl FnOnce() -> R) -> usize {
-        std::mem::size_of::<R>()
-    }
-
     /// A member whose handler keeps 16 KiB across an await.
     struct Large;
 
@@ -431,9 +426,9 @@ mod tests {
     #[test]
     #[allow(unreachable_code, clippy::diverging_sub_expression)]
     fn a_large_handler_future_is_not_carried_by_the_actors_own() {
-        let handler = returned_size(|| Large.handle(unreachable!(), unreachable!()));
+        let handler = crate::returned_size(|| Large.handle(unreachable!(), unreachable!()));
         assert!(handler > 16 << 10, "the test handler is {handler} bytes");
-        let actor = returned_size(|| {
+        let actor = crate::returned_size(|| {
             <MemberActor<Large> as Actor>::handle(
                 unreachable!(),
                 unreachable!(),

@@ -300,10 +300,7 @@ async fn a_call_given_up_leaves_no_waiter_behind() {
 #[test]
 #[allow(unreachable_code, clippy::diverging_sub_expression)]
 fn a_cast_future_carries_neither_its_wait_nor_its_collection() {
-    fn returned_size<R>(_: impl FnOnce() -> R) -> usize {
-        std::mem::size_of::<R>()
-    }
-    let cast = returned_size(|| {
+    let cast = crate::returned_size(|| {
         Caster::cast(
             unreachable!(),
             unreachable!(),
@@ -311,7 +308,7 @@ fn a_cast_future_carries_neither_its_wait_nor_its_collection() {
             unreachable!(),
         )
     });
-    let collection = returned_size(|| node::collect(unreachable!(), unreachable!()));
+    let collection = crate::returned_size(|| node::collect(unreachable!(), unreachable!()));
     let job = std::mem::size_of::<Job>();
     assert!(
         cast < collection + job,

@@ -884,10 +884,6 @@ fn fail(shared: &Shared, cast: &Bound, why: &str) {
 mod tests {
     use super::*;
 
-    fn returned_size<R>(_: impl FnOnce() -> R) -> usize {
-        std::mem::size_of::<R>()
-    }
-
     /// Serving a cast holds its work once: the work is pinned where it is
     /// kept, not moved into `beside` and pinned again there (a copy of a
     /// kilobytes-large state per cast, and twice its room in the
@@ -895,8 +891,9 @@ mod tests {
     #[test]
     #[allow(unreachable_code, clippy::diverging_sub_expression)]
     fn serving_a_cast_holds_its_work_once() {
-        let work = returned_size(|| serve_cast(unreachable!(), unreachable!()));
-        let serving = returned_size(|| serve(unreachable!(), unreachable!(), unreachable!()));
+        let work = crate::returned_size(|| serve_cast(unreachable!(), unreachable!()));
+        let serving =
+            crate::returned_size(|| serve(unreachable!(), unreachable!(), unreachable!()));
         assert!(
             serving < work + work / 2,
             "serving holds {serving} bytes for {work} bytes of work"
