@@ -809,20 +809,19 @@ async fn a_send_to_a_full_buffer_waits_for_room_and_keeps_its_place() {
     for mut inbox in [remote, local] {
         let to = inbox.port().clone();
         // Fill the way to `to` (buffer, stream window, inbox) until a send
-        // would wait, and still would a moment later.
+        // would wait, and still would at three looks 100 ms apart (acks
+        // in flight free room for a while after the first refusal).
         let blob = |n: u8| Blob(vec![n; 4096]);
         let mut sent = 0u8;
         timeout(DEADLINE, async {
-            loop {
+            let mut full_looks = 0;
+            while full_looks < 3 {
                 if a.try_send(&from, &to, Generation(0), blob(sent)).is_ok() {
                     sent += 1;
-                    continue;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                if a.try_send(&from, &to, Generation(0), blob(sent)).is_ok() {
-                    sent += 1;
+                    full_looks = 0;
                 } else {
-                    break;
+                    full_looks += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
         })
