@@ -58,6 +58,52 @@ pub(crate) fn frame_len(head: [u8; HEAD_BYTES], max: usize) -> Result<usize, Str
     Ok(len)
 }
 
+/// The page size that copies are placed against (see [`Room`]).
+const PAGE_BYTES: usize = 4096;
+
+/// Room for one frame at a time, whose payload is placed at the page
+/// offset of the memory it is copied from or into.
+///
+/// On this project's reference machines (AMD Zen), glibc's `memcpy` copies
+/// these sizes with `rep movsb`, which runs 7-8x slower when the
+/// destination lies 1 to 31 bytes past the source modulo 4 KiB (the loads
+/// wait on stores they only alias): 2.6 against 21 GB/s for 256 KiB pieces,
+/// measured. A frame's payload right after its 4-byte length, copied from a
+/// page-aligned buffer, is that case. Placed at the source's page offset,
+/// the copy runs at full speed wherever the caller's bytes lie.
+pub(crate) struct Room {
+    buf: Vec<u8>,
+}
+
+impl Room {
+    /// Room for frames of up to `max_payload` bytes.
+    pub(crate) fn new(max_payload: usize) -> Self {
+        Self {
+            buf: vec![0u8; HEAD_BYTES + PAGE_BYTES + max_payload + TAG_BYTES],
+        }
+    }
+
+    /// Where a payload placed like `like` starts in `buf`.
+    fn payload_at(&self, like: *const u8) -> usize {
+        let first = self.buf.as_ptr() as usize + HEAD_BYTES;
+        HEAD_BYTES + ((like as usize).wrapping_sub(first) & (PAGE_BYTES - 1))
+    }
+
+    /// A frame of `len` payload bytes (length, payload, tag: what
+    /// [`Keys::seal`] and [`Sealed::send`] take) whose payload has the page
+    /// offset of `like`.
+    pub(crate) fn frame(&mut self, len: usize, like: *const u8) -> &mut [u8] {
+        let at = self.payload_at(like);
+        &mut self.buf[at - HEAD_BYTES..at + len + TAG_BYTES]
+    }
+
+    /// `len` bytes at the page offset of `like`, for a payload alone.
+    pub(crate) fn payload(&mut self, len: usize, like: *const u8) -> &mut [u8] {
+        let at = self.payload_at(like);
+        &mut self.buf[at..at + len]
+    }
+}
+
 /// One direction's key, IV and sequence number.
 pub(crate) struct Keys {
     key: LessSafeKey,
@@ -477,6 +523,32 @@ mod tests {
         let mut f = vec![0u8; HEAD_BYTES + payload.len() + TAG_BYTES];
         f[HEAD_BYTES..HEAD_BYTES + payload.len()].copy_from_slice(payload);
         f
+    }
+
+    proptest! {
+        /// A frame's payload lies at the page offset of the bytes it is
+        /// placed like, wherever those lie and whatever its length: the
+        /// frame is its length, payload and tag, inside the room.
+        #[test]
+        fn a_placed_payload_has_the_page_offset_of_its_source(
+            like in any::<usize>(),
+            len in 1usize..=(64 << 10),
+            max in 0usize..(16 << 10),
+        ) {
+            let max = len + max;
+            let mut room = Room::new(max);
+            let base = room.buf.as_ptr() as usize;
+            let room_len = room.buf.len();
+            let like = like as *const u8;
+            let f = room.frame(len, like);
+            prop_assert_eq!(f.len(), HEAD_BYTES + len + TAG_BYTES);
+            let at = f.as_ptr() as usize + HEAD_BYTES;
+            prop_assert_eq!(at % PAGE_BYTES, like as usize % PAGE_BYTES);
+            prop_assert!(at - HEAD_BYTES >= base && at + len + TAG_BYTES <= base + room_len);
+            let p = room.payload(max, like);
+            prop_assert_eq!(p.len(), max);
+            prop_assert_eq!(p.as_ptr() as usize, at);
+        }
     }
 
     /// A frame replayed, or two swapped, fail: the sequence number is in
