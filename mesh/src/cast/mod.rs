@@ -33,7 +33,7 @@ use crate::shape::{Rank, Shape};
 
 /// How many casts one sender may have handed to its caster and not yet
 /// dispatched; more wait (in order).
-const QUEUED_CASTS: usize = 1024;
+const HANDED_CASTS: usize = 1024;
 
 /// Fire-and-forget casts to one mesh from one caster between two that it
 /// sends acknowledged (credit probes, see [`Credit`]).
@@ -43,8 +43,9 @@ pub(crate) const NOWAIT_PROBE_EVERY: u64 = 256;
 /// for the oldest: with probes every [`NOWAIT_PROBE_EVERY`] casts, at most
 /// `(NOWAIT_PROBES + 1) × NOWAIT_PROBE_EVERY` = 768 of a caster's casts to
 /// a mesh are not yet known to be taken by every proc, below the 1024 a
-/// proc queues for a mesh (`crate::proc::QUEUED_CASTS`).
-const NOWAIT_PROBES: usize = 2;
+/// proc queues for a mesh (checked at compile time where that bound is
+/// defined).
+pub(crate) const NOWAIT_PROBES: usize = 2;
 
 /// Meshes a caster counts fire-and-forget casts for before it forgets
 /// those with no probe out and no cast since their last probe (all their
@@ -102,7 +103,7 @@ impl Caster {
         origin: regent_net::ActorId,
         entropy: Arc<Entropy>,
     ) -> Self {
-        let (jobs, rx) = mpsc::channel(QUEUED_CASTS);
+        let (jobs, rx) = mpsc::channel(HANDED_CASTS);
         let incarnation = entropy.next_u64();
         let task = tokio::spawn(run_caster(fabric.clone(), pending.clone(), incarnation, rx));
         Self {

@@ -44,6 +44,11 @@ use crate::shape::Rank;
 /// Casts a proc queues for one mesh's dispatcher; a cast that finds the
 /// queue full fails for its subtree at once (docs/semantics.md §4.6).
 pub const QUEUED_CASTS: usize = 1024;
+// A caster's fire-and-forget casts to a mesh that no proc has yet
+// confirmed taking (its credit, docs/semantics.md §4.3) fit in the queue.
+const _: () = assert!(
+    (crate::cast::NOWAIT_PROBES + 1) * crate::cast::NOWAIT_PROBE_EVERY as usize <= QUEUED_CASTS
+);
 /// How long the owner's question about an owned mesh's failure may wait for
 /// the owning member's answer.
 const SUPERVISE_WAIT: Duration = Duration::from_secs(10);
