@@ -44,7 +44,7 @@ use crate::error::Error;
 use crate::handle::{BufferId, RemoteBuffer, Token};
 use crate::memory::Region;
 use crate::verbs::{self, QP_ENDPOINT_BYTES, QpEndpoint};
-use sealed::{HEAD_BYTES, MAX_FRAME_BYTES, Room, Sealed};
+use sealed::{HEAD_BYTES, MAX_FRAME_BYTES, Room, Sealed, same_page_offset};
 use wire::{
     ALPN, HELLO_MAGIC, Op, REQUEST_BYTES, RESPONSE_BYTES, Request, Response, Status, WELCOME_BUSY,
     WELCOME_OK, WELCOME_REFUSED, token_eq,
@@ -808,11 +808,6 @@ async fn region_copy(
             Refusal::Full => return Err(Status::Failed),
         }
     }
-}
-
-/// Whether two addresses have the same offset in their pages.
-fn same_page_offset(a: *const u8, b: *const u8) -> bool {
-    (a as usize ^ b as usize).is_multiple_of(4096)
 }
 
 fn queue_header(s: &mut Sealed, status: Status, len: u32) -> Result<(), Error> {

@@ -61,6 +61,12 @@ pub(crate) fn frame_len(head: [u8; HEAD_BYTES], max: usize) -> Result<usize, Str
 /// The page size that copies are placed against (see [`Room`]).
 const PAGE_BYTES: usize = 4096;
 
+/// Whether two addresses have the same offset in their pages (see
+/// [`Room`]).
+pub(crate) fn same_page_offset(a: *const u8, b: *const u8) -> bool {
+    (a as usize ^ b as usize).is_multiple_of(PAGE_BYTES)
+}
+
 /// Room for one frame at a time, whose payload is placed at the page
 /// offset of the memory it is copied from or into.
 ///
@@ -543,6 +549,7 @@ mod tests {
             let f = room.frame(len, like);
             prop_assert_eq!(f.len(), HEAD_BYTES + len + TAG_BYTES);
             let at = f.as_ptr() as usize + HEAD_BYTES;
+            prop_assert!(same_page_offset(at as *const u8, like));
             prop_assert_eq!(at % PAGE_BYTES, like as usize % PAGE_BYTES);
             prop_assert!(at - HEAD_BYTES >= base && at + len + TAG_BYTES <= base + room_len);
             let p = room.payload(max, like);
