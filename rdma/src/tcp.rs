@@ -682,11 +682,14 @@ async fn serve_connection(
                 let len = req.len_bytes as usize;
                 let mut done = 0usize;
                 while done < len {
-                    let at = req.offset as usize + done;
-                    let like = target
-                        .as_ref()
-                        .map_or(std::ptr::null_mut(), |r| r.data_ptr());
-                    let piece = room.payload((len - done).min(PIECE_BYTES), like.wrapping_add(at));
+                    // Placed like the bytes' place in the region (only an
+                    // address: a refused write's offset is never used).
+                    let like = target.as_ref().map_or(std::ptr::null_mut(), |r| {
+                        r.data_ptr()
+                            .wrapping_add(req.offset as usize)
+                            .wrapping_add(done)
+                    });
+                    let piece = room.payload((len - done).min(PIECE_BYTES), like);
                     // Opened in the piece buffer, never in the region: only
                     // authenticated bytes land there.
                     let n = timeout(ctx.idle_timeout, tls.recv_into(piece))
@@ -699,9 +702,14 @@ async fn serve_connection(
                     // Refused writes are read and dropped, keeping the
                     // stream in step.
                     if let (Ok(region), Status::Ok) = (&target, status)
-                        && let Err(s) =
-                            region_copy(region, at, window, Piece::In(&piece[..n]), op_timeout)
-                                .await
+                        && let Err(s) = region_copy(
+                            region,
+                            req.offset as usize + done,
+                            window,
+                            Piece::In(&piece[..n]),
+                            op_timeout,
+                        )
+                        .await
                     {
                         status = s;
                     }

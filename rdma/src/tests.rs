@@ -1313,3 +1313,59 @@ async fn a_claim_made_after_the_owner_closed_is_not_waited_for() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     late.store(0, Ordering::SeqCst);
 }
+
+/// A write refused for its range, with an offset near `u64::MAX` and more
+/// than one piece of data, is read to its end and answered `OutOfRange`,
+/// and the connection stays in step: the offset from the wire is never
+/// added to anything while the refused data is drained. (The server's
+/// debug build panics on such an overflow, and the answer never comes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_with_a_huge_offset_is_drained_and_answered() {
+    use crate::tcp::sealed::{HEAD_BYTES, TAG_BYTES};
+    use crate::tcp::wire::{Op as WireOp, RESPONSE_BYTES, Request, Response, Status};
+    let p = pair(ManagerConfig::default()).await;
+    let buf = p.owner.register_new(4096).unwrap();
+    let h = buf.handle().clone();
+    let mut tls = raw_tls_client(
+        h.tcp().unwrap().addr,
+        &pid("owner"),
+        member_config(&p.ca, "huge-offset", true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(hello(&mut tls, "huge-offset").await.unwrap(), 0);
+    let mut tls = sealed(tls);
+    let request = |op, offset, len: usize| Request {
+        op,
+        len_bytes: len as u32,
+        buffer: h.id(),
+        offset,
+        token: h.token(),
+        window: None,
+    };
+    // Three pieces' worth (the server reads 256 KiB at a time).
+    let len = 600 << 10;
+    tls.queue(&request(WireOp::Write, u64::MAX - 10, len).encode())
+        .unwrap();
+    for piece in [256 << 10, 256 << 10, len - (512 << 10)] {
+        let mut frame = vec![7u8; HEAD_BYTES + piece + TAG_BYTES];
+        tls.send(&mut frame).await.unwrap();
+    }
+    let answer = |b: [u8; RESPONSE_BYTES]| Response::decode(&b).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), tls.recv_msg::<RESPONSE_BYTES>())
+        .await
+        .expect("the refused write was answered")
+        .unwrap();
+    assert_eq!(answer(got).status, Status::OutOfRange);
+    // In step: a read of the buffer's first bytes is answered with them.
+    tls.queue(&request(WireOp::Read, 0, 8).encode()).unwrap();
+    tls.flush().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), tls.recv_msg::<RESPONSE_BYTES>())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer(got).status, Status::Ok);
+    let mut bytes = [1u8; 8];
+    assert_eq!(tls.recv_into(&mut bytes).await.unwrap(), 8);
+    assert_eq!(bytes, [0u8; 8]);
+}
