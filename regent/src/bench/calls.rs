@@ -71,7 +71,7 @@ const SUITE: &str = "mesh";
 /// Calls in flight for `pipelined_calls`.
 pub(crate) const IN_FLIGHT: usize = 1000;
 /// The bytes of one TCP echo (as `net`'s).
-const ECHO_BYTES: usize = 64;
+pub(crate) const ECHO_BYTES: usize = 64;
 
 /// The member actors of these figures: [`Bench`], and the same on the
 /// proc's thread ([`super::mesh::BenchOnProc`]).

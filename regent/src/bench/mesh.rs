@@ -17,6 +17,16 @@
 //!   back, against the CPU time the machine's cores had per gather of that
 //!   block (`cores_x_gather`): a ratio near 1 says the gather is bound by
 //!   the machine's CPU, not by waiting.
+//!   `call_gather_<P>x<M>_vs_tcp` (and `_on_proc_thread`): the gather
+//!   against the same machine's floor for it, a 64-byte TCP echo from the
+//!   controller to every member at once (`tcp_fanout_<N>`: a tokio echo
+//!   server on each member's runtime, so on the thread the member's
+//!   messages reach it on; the controller writes to all N connections,
+//!   then reads the N answers), timed in turn in the same rounds; and
+//!   `call_gather_<P>x<M>_cpu_vs_tcp`, the CPU of one gather against the
+//!   CPU of one such fan-out (`tcp_fanout_cpu`), both over blocks back to
+//!   back: what the control plane, the cast tree and the members' dispatch
+//!   add to waking N processes and hearing back.
 //! - `cold_spawn_4_procs`: four procs started and a mesh spawned on them and
 //!   answering, against starting four bare processes of this binary.
 //! - `controller_frames_<P>_procs`: messages the controller sends per cast,
@@ -57,6 +67,10 @@ use regent_mesh::{
 
 use regent_rdma::{BackendKind, BackendPolicy, RemoteBuffer};
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use super::calls::ECHO_BYTES;
 
 use super::{BenchOptions, Figure, Report, median, micros};
 
@@ -64,7 +78,8 @@ const SUITE: &str = "mesh";
 /// The suffix of the figures of members on their proc's thread.
 const ON_PROC: &str = "_on_proc_thread";
 
-/// The benchmarks' mesh actor: answers with its rank.
+/// The benchmarks' mesh actor: answers `x` with `x` plus its rank, and
+/// [`Echo::TCP_ECHO`] with the port of a TCP echo server it started.
 pub(crate) struct Echo {
     rank: u32,
 }
@@ -82,11 +97,43 @@ impl MeshActor for Echo {
     }
 
     async fn handle(&mut self, _: &Member, x: u64) -> Result<u64, ActorError> {
-        Ok(x + u64::from(self.rank))
+        if x == Self::TCP_ECHO {
+            return Ok(u64::from(start_tcp_echo().await?));
+        }
+        Ok(x.wrapping_add(u64::from(self.rank)))
     }
 }
 
+impl Echo {
+    /// The message that starts a TCP echo server on the member's runtime
+    /// (see [`start_tcp_echo`]) and answers its port: the message stays a
+    /// `u64`, so that the gathers' figures measure what they always did.
+    pub(crate) const TCP_ECHO: u64 = u64::MAX;
+}
+
 regent_mesh::register_actor!(Echo);
+
+/// Starts a TCP echo server of [`ECHO_BYTES`]-byte requests on the current
+/// runtime (a member's: it ends with the member's life), `TCP_NODELAY` on
+/// each connection; returns its port on 127.0.0.1.
+async fn start_tcp_echo() -> std::io::Result<u16> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let mut buf = [0u8; ECHO_BYTES];
+                while stream.read_exact(&mut buf).await.is_ok() {
+                    if stream.write_all(&buf).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    Ok(port)
+}
 
 /// [`Echo`] on its proc's thread ([`MemberThread::Proc`]).
 pub(crate) struct EchoOnProc(Echo);
@@ -177,26 +224,7 @@ impl MeshActor for Bench {
             }
             BenchOp::Count => BenchReply::Count(self.echoes),
             BenchOp::Pid => BenchReply::Pid(std::process::id()),
-            BenchOp::TcpEcho => {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-                let port = listener.local_addr()?.port();
-                // On this life's runtime: it ends with the life.
-                tokio::spawn(async move {
-                    while let Ok((mut stream, _)) = listener.accept().await {
-                        let _ = stream.set_nodelay(true);
-                        tokio::spawn(async move {
-                            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                            let mut buf = [0u8; 64];
-                            while stream.read_exact(&mut buf).await.is_ok() {
-                                if stream.write_all(&buf).await.is_err() {
-                                    break;
-                                }
-                            }
-                        });
-                    }
-                });
-                BenchReply::Port(port)
-            }
+            BenchOp::TcpEcho => BenchReply::Port(start_tcp_echo().await?),
             BenchOp::CallPeer { to, rounds } => {
                 let peers = member.peers::<Bench>()?;
                 let mut out = Vec::with_capacity(rounds as usize);
@@ -434,10 +462,19 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
     let n = mesh.shape().len();
     let procs = pm.shape().len();
     let all = Selection::All;
+    let mut tcp = Vec::with_capacity(n);
+    for (_, port) in mesh.call(&all, &Echo::TCP_ECHO).await?.into_result()? {
+        let port = u16::try_from(port)?;
+        let stream = TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.set_nodelay(true)?;
+        tcp.push(stream);
+    }
     for _ in 0..10 {
         mesh.call(&all, &1).await?.into_result()?;
+        tcp_fanout(&mut tcp).await?;
     }
     let mut gathers = Vec::with_capacity(rounds);
+    let mut fanouts = Vec::with_capacity(rounds);
     let mut concurrent = Vec::with_capacity(rounds);
     let mut single = Vec::with_capacity(rounds);
     for _ in 0..rounds {
@@ -445,6 +482,9 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
         let replies = mesh.call(&all, &1).await?.into_result()?;
         gathers.push(t.elapsed());
         anyhow::ensure!(replies.len() == n, "{} of {n} replied", replies.len());
+        let t = Instant::now();
+        tcp_fanout(&mut tcp).await?;
+        fanouts.push(t.elapsed());
         let t = Instant::now();
         let each =
             futures::future::join_all((0..n).map(|r| mesh.call_one(Rank(r as u32), &1))).await;
@@ -467,8 +507,14 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
     }
     let wall = t.elapsed();
     let cpu = super::calls::family_cpu()?.saturating_sub(before);
+    let before = super::calls::family_cpu()?;
+    for _ in 0..block {
+        tcp_fanout(&mut tcp).await?;
+    }
+    let tcp_cpu = super::calls::family_cpu()?.saturating_sub(before);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    mesh.stop().await.unwrap();
+    drop(tcp);
+    mesh.stop().await?;
     report.push(
         Figure::new(
             SUITE,
@@ -483,7 +529,31 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
             "us",
         ),
     );
+    report.push(
+        Figure::new(
+            SUITE,
+            &format!("call_gather_{procs}x{per_proc}_cpu_vs_tcp{suffix}"),
+            micros(cpu) / block as f64,
+            "us",
+        )
+        .samples(block)
+        .against("tcp_fanout_cpu", micros(tcp_cpu) / block as f64, "us"),
+    );
     let gather = micros(median(&mut gathers));
+    report.push(
+        Figure::new(
+            SUITE,
+            &format!("call_gather_{procs}x{per_proc}_vs_tcp{suffix}"),
+            gather,
+            "us",
+        )
+        .samples(rounds)
+        .against(
+            &format!("tcp_fanout_{n}"),
+            micros(median(&mut fanouts)),
+            "us",
+        ),
+    );
     report.push(
         Figure::new(
             SUITE,
@@ -508,6 +578,21 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
         .samples(rounds)
         .against("call_one", micros(median(&mut single)), "us"),
     );
+    Ok(())
+}
+
+/// One round of the gathers' TCP baseline: a request to every echo server,
+/// then every answer, each checked.
+async fn tcp_fanout(streams: &mut [TcpStream]) -> anyhow::Result<()> {
+    let request = [7u8; ECHO_BYTES];
+    for s in streams.iter_mut() {
+        s.write_all(&request).await?;
+    }
+    let mut answer = [0u8; ECHO_BYTES];
+    for s in streams.iter_mut() {
+        s.read_exact(&mut answer).await?;
+        anyhow::ensure!(answer == request, "a TCP echo answered other bytes");
+    }
     Ok(())
 }
 
