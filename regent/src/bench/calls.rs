@@ -336,9 +336,9 @@ fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
 /// preemption, or a spinning thread's turn after a yield), from the
 /// scheduler's own counts.
 #[derive(Clone, Copy, Default)]
-struct Cost {
-    cpu: Duration,
-    runs: u64,
+pub(crate) struct Cost {
+    pub(crate) cpu: Duration,
+    pub(crate) runs: u64,
 }
 
 impl Cost {
@@ -352,7 +352,7 @@ impl Cost {
     }
 
     /// Adds what was spent between `before` and `after`.
-    fn add(&mut self, before: Self, after: Self) {
+    pub(crate) fn add(&mut self, before: Self, after: Self) {
         self.cpu += after.cpu.saturating_sub(before.cpu);
         self.runs += after.runs.saturating_sub(before.runs);
     }
@@ -384,14 +384,27 @@ fn schedstat(pid: u32) -> anyhow::Result<(u64, u64)> {
     Ok((ns, runs))
 }
 
-/// The CPU time so far of this process and of its child processes (the
-/// local allocator's procs), from the scheduler's counts of each thread.
-pub(crate) fn family_cpu() -> anyhow::Result<Duration> {
+/// What this process and its child processes (the local allocator's procs)
+/// spent so far: CPU time and runs of their threads, from the scheduler's
+/// counts of each thread (see [`Cost`]).
+pub(crate) fn family_cost() -> anyhow::Result<Cost> {
     let me = std::process::id();
-    let mut total = cpu_of(me)?;
-    for child in children_of(me)? {
+    let (ns, runs) = schedstat(me)?;
+    let children = children_cost(me)?;
+    Ok(Cost {
+        cpu: Duration::from_nanos(ns) + children.cpu,
+        runs: runs + children.runs,
+    })
+}
+
+/// The same for the child processes of `pid` alone.
+fn children_cost(pid: u32) -> anyhow::Result<Cost> {
+    let mut total = Cost::default();
+    for child in children_of(pid)? {
         // A child may end between the listing and the read.
-        total += cpu_of(child).unwrap_or_default();
+        let (ns, runs) = schedstat(child).unwrap_or_default();
+        total.cpu += Duration::from_nanos(ns);
+        total.runs += runs;
     }
     Ok(total)
 }
@@ -535,10 +548,12 @@ fn rank_selection<A: CallTarget>(mesh: &ActorMesh<A>, rank: Rank) -> anyhow::Res
 mod tests {
     use super::*;
 
-    /// The children found are this process's, a child's CPU counts in the
-    /// family's, and a process that is not a child is left out.
+    /// The children found are this process's, a child's CPU and runs count
+    /// in its parent's children's, and a process that is not a child is
+    /// left out. (The parent's own threads are not compared: other tests'
+    /// threads come and go meanwhile.)
     #[test]
-    fn family_cpu_counts_children_and_only_them() {
+    fn children_cost_counts_children_and_only_them() {
         let me = std::process::id();
         // A child that burns CPU for a moment, then sleeps.
         let mut child = std::process::Command::new("sh")
@@ -553,14 +568,13 @@ mod tests {
             let _ = c.wait();
         };
         let found = children_of(me);
-        let child_cpu = (0..100)
+        let child_cost = (0..100)
             .map(|_| {
                 std::thread::sleep(Duration::from_millis(20));
-                cpu_of(child.id()).unwrap_or_default()
+                schedstat(child.id()).unwrap_or_default()
             })
-            .find(|cpu| *cpu >= Duration::from_millis(5));
-        let own = cpu_of(me);
-        let family = family_cpu();
+            .find(|(ns, _)| *ns >= 5_000_000);
+        let children = children_cost(me);
         kill(&mut child);
         let found = found.unwrap();
         assert!(
@@ -569,7 +583,9 @@ mod tests {
             child.id()
         );
         assert!(!found.contains(&1) && !found.contains(&me), "{found:?}");
-        let child_cpu = child_cpu.expect("the child ran");
-        assert!(family.unwrap() >= own.unwrap() + child_cpu);
+        let (child_ns, child_runs) = child_cost.expect("the child ran");
+        let children = children.unwrap();
+        assert!(children.cpu >= Duration::from_nanos(child_ns));
+        assert!(children.runs >= child_runs && child_runs > 0);
     }
 }

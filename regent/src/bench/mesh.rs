@@ -26,7 +26,12 @@
 //!   `call_gather_<P>x<M>_cpu_vs_tcp`, the CPU of one gather against the
 //!   CPU of one such fan-out (`tcp_fanout_cpu`), both over blocks back to
 //!   back: what the control plane, the cast tree and the members' dispatch
-//!   add to waking N processes and hearing back.
+//!   add to waking N processes and hearing back; and
+//!   `call_gather_<P>x<M>_runs_vs_tcp`, how often any thread of those
+//!   processes was put on a CPU per gather, against the same per fan-out
+//!   (`tcp_fanout_runs`): the wake-ups, each gather's and each fan-out's
+//!   (a control thread's spin turns after a `sched_yield` count too, as in
+//!   `call_rtt_runs`).
 //! - `cold_spawn_4_procs`: four procs started and a mesh spawned on them and
 //!   answering, against starting four bare processes of this binary.
 //! - `controller_frames_<P>_procs`: messages the controller sends per cast,
@@ -70,7 +75,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::calls::ECHO_BYTES;
+use super::calls::{Cost, ECHO_BYTES, family_cost};
 
 use super::{BenchOptions, Figure, Report, median, micros};
 
@@ -500,18 +505,20 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
     // the CPU of the controller and every proc against the CPU time the
     // machine's cores had meanwhile.
     let block = rounds.max(100);
-    let before = super::calls::family_cpu()?;
+    let (mut cost, mut tcp_cost) = (Cost::default(), Cost::default());
+    let before = family_cost()?;
     let t = Instant::now();
     for _ in 0..block {
         mesh.call(&all, &1).await?.into_result()?;
     }
     let wall = t.elapsed();
-    let cpu = super::calls::family_cpu()?.saturating_sub(before);
-    let before = super::calls::family_cpu()?;
+    cost.add(before, family_cost()?);
+    let before = family_cost()?;
     for _ in 0..block {
         tcp_fanout(&mut tcp).await?;
     }
-    let tcp_cpu = super::calls::family_cpu()?.saturating_sub(before);
+    tcp_cost.add(before, family_cost()?);
+    let (cpu, tcp_cpu) = (cost.cpu, tcp_cost.cpu);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     drop(tcp);
     mesh.stop().await?;
@@ -538,6 +545,20 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
         )
         .samples(block)
         .against("tcp_fanout_cpu", micros(tcp_cpu) / block as f64, "us"),
+    );
+    report.push(
+        Figure::new(
+            SUITE,
+            &format!("call_gather_{procs}x{per_proc}_runs_vs_tcp{suffix}"),
+            cost.runs as f64 / block as f64,
+            "runs",
+        )
+        .samples(block)
+        .against(
+            "tcp_fanout_runs",
+            tcp_cost.runs as f64 / block as f64,
+            "runs",
+        ),
     );
     let gather = micros(median(&mut gathers));
     report.push(
