@@ -191,9 +191,19 @@ pub enum RejectCause {
 
 /// Encodes `value` as one frame (prefix included).
 pub fn encode_frame<T: Serialize>(value: &T, max_frame_bytes: usize) -> Result<Bytes, WireError> {
-    let mut buf = Vec::with_capacity(128);
+    encode_frame_with(value, max_frame_bytes, 128)
+}
+
+/// [`encode_frame`] into a buffer that starts with room for `capacity`
+/// bytes of body.
+fn encode_frame_with<T: Serialize>(
+    value: &T,
+    max_frame_bytes: usize,
+    capacity: usize,
+) -> Result<Bytes, WireError> {
+    let mut buf = Vec::with_capacity(LENGTH_PREFIX_BYTES + capacity);
     buf.extend_from_slice(&[0; LENGTH_PREFIX_BYTES]);
-    let mut buf = postcard::to_extend(value, buf).map_err(|e| WireError::Encode(e.to_string()))?;
+    let mut buf = encode_into(value, buf)?;
     let len = buf.len() - LENGTH_PREFIX_BYTES;
     if len > max_frame_bytes {
         return Err(WireError::FrameTooLarge {
@@ -211,6 +221,41 @@ pub fn encode_frame<T: Serialize>(value: &T, max_frame_bytes: usize) -> Result<B
     Ok(Bytes::from(buf))
 }
 
+/// Postcard's output into a `Vec`, appending slices whole: the flavor of
+/// `postcard::to_extend` pushes a string's or a payload's bytes one at a
+/// time, which was most of the cost of encoding a control message.
+struct VecOutput(Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for VecOutput {
+    type Output = Vec<u8>;
+
+    #[inline(always)]
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.0.push(byte);
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<u8>> {
+        Ok(self.0)
+    }
+}
+
+/// Appends `value`'s encoding to `buf`.
+fn encode_into<T: Serialize>(value: &T, buf: Vec<u8>) -> Result<Vec<u8>, WireError> {
+    postcard::serialize_with_flavor(value, VecOutput(buf))
+        .map_err(|e| WireError::Encode(e.to_string()))
+}
+
+/// The bytes an envelope's frame takes beyond its payload's, about: the
+/// sender's and receiver's names and the small fields.
+const ENVELOPE_HEADROOM_BYTES: usize = 160;
+
 /// Encodes a `ToReceiver::Message` frame without copying the envelope.
 pub(crate) fn encode_message_frame(
     envelope: &Envelope,
@@ -223,7 +268,14 @@ pub(crate) fn encode_message_frame(
         Open(()),
         Message(&'a Envelope),
     }
-    encode_frame(&ToReceiverRef::Message(envelope), max_frame_bytes)
+    encode_frame_with(
+        &ToReceiverRef::Message(envelope),
+        max_frame_bytes,
+        envelope
+            .payload
+            .len()
+            .saturating_add(ENVELOPE_HEADROOM_BYTES),
+    )
 }
 
 /// Decodes one frame body as `T`; the whole body must be used.
@@ -249,9 +301,7 @@ const PAYLOAD_START_BYTES: usize = 256;
 pub fn encode_payload<T: Serialize>(value: &T) -> Result<Bytes, WireError> {
     // Room for a typical control message up front: growing from empty
     // reallocates four or five times on the way to it.
-    postcard::to_extend(value, Vec::with_capacity(PAYLOAD_START_BYTES))
-        .map(Bytes::from)
-        .map_err(|e| WireError::Encode(e.to_string()))
+    encode_into(value, Vec::with_capacity(PAYLOAD_START_BYTES)).map(Bytes::from)
 }
 
 /// Splits a byte stream into frame bodies: push what arrives, pop frames.

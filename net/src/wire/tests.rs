@@ -78,6 +78,24 @@ fn arb_envelope() -> impl Strategy<Value = Envelope> {
 }
 
 proptest! {
+    /// The encoders write exactly postcard's own bytes (their output
+    /// flavor is ours, the format is postcard's): a message frame is the
+    /// length prefix and `to_allocvec` of the frame, a payload is
+    /// `to_allocvec` of the value, whatever the names and payload sizes
+    /// (below and past the room the encoders start with).
+    #[test]
+    fn encoders_write_postcards_bytes(env in arb_envelope(), big in 0usize..2_000) {
+        let mut env = env;
+        if big > 1_000 {
+            env.payload = Bytes::from(vec![5u8; big]);
+        }
+        let frame = encode_message_frame(&env, 1 << 16).unwrap();
+        let body = postcard::to_allocvec(&ToReceiver::Message(env.clone())).unwrap();
+        prop_assert_eq!(&frame[..LENGTH_PREFIX_BYTES], &(body.len() as u32).to_le_bytes()[..]);
+        prop_assert_eq!(&frame[LENGTH_PREFIX_BYTES..], &body[..]);
+        prop_assert_eq!(&encode_payload(&env).unwrap()[..], &postcard::to_allocvec(&env).unwrap()[..]);
+    }
+
     #[test]
     fn envelopes_round_trip_through_frames(
         envs in proptest::collection::vec(arb_envelope(), 0..8),
