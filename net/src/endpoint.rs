@@ -16,6 +16,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use crate::config::EndpointConfig;
 use crate::error::{Error, SendError, SendFailure, Undeliverable};
 use crate::event::TransportEvent;
+use crate::fxhash::FxHashMap;
 use crate::id::{
     ActorId, Generation, Incarnation, Message, PortId, ProcAddr, ProcId, Seq, TypeTag,
 };
@@ -64,7 +65,7 @@ pub(crate) struct Inner {
     pub(crate) advertised: SocketAddr,
     routes: Mutex<HashMap<ProcId, SocketAddr>>,
     ports: Mutex<HashMap<PortId, PortEntry>>,
-    pub(crate) sessions: Mutex<HashMap<ProcId, Arc<Session>>>,
+    pub(crate) sessions: Mutex<FxHashMap<ProcId, Arc<Session>>>,
     pub(crate) inbound: InboundPeers,
     events_tx: mpsc::Sender<TransportEvent>,
     events_rx: Mutex<Option<mpsc::Receiver<TransportEvent>>>,

@@ -7,7 +7,6 @@
 //! replays what is unacknowledged and writes new messages, and an
 //! acknowledgement reader per stream.
 
-use std::collections::HashMap;
 use std::future::Future as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -23,6 +22,7 @@ use tokio::time::Instant;
 use super::{Inner, lock};
 use crate::error::{LinkFailure, SendFailure, UndeliveredCause};
 use crate::event::{Direction, TransportEvent};
+use crate::fxhash::FxHashMap;
 use crate::id::{ActorId, Generation, Incarnation, PortId, ProcId, Seq, TypeTag};
 use crate::link::{self, ReadFailure, classify, code};
 use crate::session::{Pending, SendWindow};
@@ -82,7 +82,7 @@ pub(crate) struct Session {
 #[derive(Default)]
 struct SessionPairs {
     closed: bool,
-    map: HashMap<PairKey, Arc<Pair>>,
+    map: FxHashMap<PairKey, Arc<Pair>>,
 }
 
 /// One (sender actor, receiver actor) pair.
