@@ -18,11 +18,11 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use ractor::ActorRef;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::error::{EncodedReply, MemberError};
-use crate::fabric::{ChildResult, Fabric, Pending, Waiter};
+use crate::fabric::{ChildResult, Fabric, Pending, ResultsSender, Waiter};
 use crate::mailbox::MemberMsg;
 use crate::protocol::{CastFrame, Collect, Contribution, MeshInfo, ProcCommand, ReplyTo};
 use crate::reducer;
@@ -40,8 +40,8 @@ pub(crate) type LocalMembers = Vec<Option<ActorRef<MemberMsg>>>;
 /// Both ends of a node's channel of its children's results (the node keeps
 /// the sender to hand a clone to each child's waiter).
 type ResultsChannel = (
-    mpsc::UnboundedSender<(usize, ChildResult)>,
-    mpsc::UnboundedReceiver<(usize, ChildResult)>,
+    ResultsSender,
+    futures::channel::mpsc::UnboundedReceiver<(usize, ChildResult)>,
 );
 
 /// A dispatched cast, waiting for its results.
@@ -82,9 +82,9 @@ impl Dispatched {
 
     /// Where a child's result goes (the channel is made at the first
     /// child).
-    fn results_sender(&mut self) -> mpsc::UnboundedSender<(usize, ChildResult)> {
+    fn results_sender(&mut self) -> ResultsSender {
         self.results
-            .get_or_insert_with(mpsc::unbounded_channel)
+            .get_or_insert_with(futures::channel::mpsc::unbounded)
             .0
             .clone()
     }
@@ -496,7 +496,7 @@ where
 /// asked, so none is open).
 async fn recv(results: &mut Option<ResultsChannel>) -> Option<(usize, ChildResult)> {
     match results {
-        Some((_, rx)) => rx.recv().await,
+        Some((_, rx)) => rx.next().await,
         None => std::future::pending().await,
     }
 }
