@@ -481,14 +481,12 @@ impl<'de> Deserialize<'de> for Selection {
         thread_local! {
             static DECODED: Memo<(std::sync::Arc<str>, Selection)> = const { Memo::new() };
         }
-        let (_, selection) = memo::with_str(deserializer, |text| {
-            DECODED.with(|m| {
-                m.get_or_try(
-                    |(kept, _)| **kept == *text,
-                    || parse::parse(text).map(|s| (text.into(), s)),
-                )
-            })
-        })?;
+        let (_, selection) = memo::decode_str(
+            deserializer,
+            &DECODED,
+            |(kept, _): &(std::sync::Arc<str>, Selection)| kept,
+            |text| parse::parse(text).map(|s| (text.into(), s)),
+        )?;
         Ok(selection)
     }
 }

@@ -295,9 +295,7 @@ impl<'de> Deserialize<'de> for DimName {
         thread_local! {
             static DECODED: Memo<DimName> = const { Memo::new() };
         }
-        memo::with_str(deserializer, |name| {
-            DECODED.with(|m| m.get_or_try(|n| *n.0 == *name, || DimName::new(name)))
-        })
+        memo::decode_str(deserializer, &DECODED, |n: &DimName| &n.0, DimName::new)
     }
 }
 

@@ -141,9 +141,7 @@ impl<'de> Deserialize<'de> for ProcId {
         thread_local! {
             static DECODED: Memo<ProcId> = const { Memo::new() };
         }
-        memo::with_str(d, |s| {
-            DECODED.with(|m| m.get_or_try(|p| *p.0 == *s, || Self::new(s)))
-        })
+        memo::decode_str(d, &DECODED, |p: &ProcId| &p.0, Self::new)
     }
 }
 
@@ -206,9 +204,7 @@ impl<'de> Deserialize<'de> for ActorName {
         thread_local! {
             static DECODED: Memo<ActorName> = const { Memo::new() };
         }
-        memo::with_str(d, |s| {
-            DECODED.with(|m| m.get_or_try(|n| *n.0 == *s, || Self::new(s)))
-        })
+        memo::decode_str(d, &DECODED, |n: &ActorName| &n.0, Self::new)
     }
 }
 

@@ -130,6 +130,83 @@ where
     deserializer.deserialize_str(Visit(f))
 }
 
+/// Decodes a string-valued `T` through `memo` (a thread's [`Memo`] of
+/// them, each with its text as `text` gives it): kept text is not made
+/// again, and other text is made by `make` and kept when it is valid.
+///
+/// From a binary format (postcard writes a string as its length and its
+/// bytes, as it writes bytes) the text is taken as bytes and looked up
+/// before it is checked as UTF-8: on a hit the check is skipped, since
+/// the bytes equal a kept text's, which is UTF-8. Those checks were ~1,200
+/// instructions of each pipelined call at a proc. Human-readable formats
+/// hand over a string as [`with_str`] does.
+pub fn decode_str<'de, D, T, M>(
+    deserializer: D,
+    memo: &'static std::thread::LocalKey<Memo<T>>,
+    text: impl Fn(&T) -> &str,
+    make: impl FnOnce(&str) -> Result<T, M>,
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Clone,
+    M: std::fmt::Display,
+{
+    struct Visit<'a, T: 'static, K, F> {
+        memo: &'static std::thread::LocalKey<Memo<T>>,
+        text: &'a K,
+        make: F,
+    }
+    impl<T, K, F, M> Visit<'_, T, K, F>
+    where
+        T: Clone,
+        K: Fn(&T) -> &str,
+        F: FnOnce(&str) -> Result<T, M>,
+    {
+        fn made(self, s: &str) -> Result<T, M> {
+            let text = self.text;
+            self.memo
+                .with(|m| m.get_or_try(|kept| text(kept) == s, || (self.make)(s)))
+        }
+    }
+    impl<T, K, F, M> serde::de::Visitor<'_> for Visit<'_, T, K, F>
+    where
+        T: Clone,
+        K: Fn(&T) -> &str,
+        F: FnOnce(&str) -> Result<T, M>,
+        M: std::fmt::Display,
+    {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+            self.made(v).map_err(E::custom)
+        }
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<T, E> {
+            let text = self.text;
+            if let Some(kept) = self
+                .memo
+                .with(|m| m.find(|kept| text(kept).as_bytes() == v))
+            {
+                return Ok(kept);
+            }
+            let s = std::str::from_utf8(v)
+                .map_err(|_| E::invalid_value(serde::de::Unexpected::Bytes(v), &self))?;
+            self.made(s).map_err(E::custom)
+        }
+    }
+    let visit = Visit {
+        memo,
+        text: &text,
+        make,
+    };
+    if deserializer.is_human_readable() {
+        deserializer.deserialize_str(visit)
+    } else {
+        deserializer.deserialize_bytes(visit)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -206,5 +283,61 @@ mod tests {
             )
             .unwrap();
         assert_eq!(&*outer, "outer-of-inner");
+    }
+
+    thread_local! {
+        static WORDS: Memo<Arc<str>> = const { Memo::new() };
+    }
+
+    /// A word decoded through `WORDS`; empty text is refused.
+    #[derive(Debug)]
+    struct Word(Arc<str>);
+
+    impl<'de> serde::Deserialize<'de> for Word {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            decode_str(
+                d,
+                &WORDS,
+                |w: &Arc<str>| w,
+                |s| {
+                    if s.is_empty() {
+                        Err("empty")
+                    } else {
+                        Ok(Arc::from(s))
+                    }
+                },
+            )
+            .map(Word)
+        }
+    }
+
+    /// From postcard a kept word is found by its bytes, and from JSON by
+    /// its text, the same value either way; bytes that are not UTF-8 and
+    /// refused text are errors, and neither is kept.
+    #[test]
+    fn decode_str_finds_kept_text_by_its_bytes_and_checks_new_text() {
+        let bytes = postcard::to_allocvec("hosts").unwrap();
+        let first: Word = postcard::from_bytes(&bytes).unwrap();
+        let again: Word = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(&*first.0, "hosts");
+        assert!(
+            Arc::ptr_eq(&first.0, &again.0),
+            "the kept word, not a new one"
+        );
+        let json: Word = serde_json::from_str("\"hosts\"").unwrap();
+        assert!(Arc::ptr_eq(&first.0, &json.0));
+        let mut not_utf8 = bytes.clone();
+        not_utf8[1] = 0xff;
+        assert!(postcard::from_bytes::<Word>(&not_utf8).is_err());
+        assert!(postcard::from_bytes::<Word>(&postcard::to_allocvec("").unwrap()).is_err());
+        assert!(serde_json::from_str::<Word>("\"\"").is_err());
+        let kept = WORDS.with(|m| {
+            m.slots
+                .borrow()
+                .iter()
+                .map(|w| w.to_string())
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(kept, ["hosts"]);
     }
 }
