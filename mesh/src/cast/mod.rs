@@ -13,6 +13,8 @@
 
 pub(crate) mod node;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,12 +120,67 @@ impl Caster {
 
     /// Hands a frame over; with `wait`, returns what came back from the tree.
     /// Frames handed over from one task go out in that order.
-    pub(crate) async fn cast(
+    ///
+    /// The hand-over happens in this call, not when the future is first
+    /// polled (callers are `async` and call it where they are polled), so
+    /// the future keeps none of the frame: a call's future, and every
+    /// future that awaits one, is copied whole each time it is built into
+    /// its caller's, and the frame was most of it (a `call_one` future of
+    /// 1,952 bytes, copied four or five times per call).
+    pub(crate) fn cast(
+        &self,
+        info: Arc<MeshInfo>,
+        cast: node::Bound,
+        wait: bool,
+    ) -> impl Future<Output = Result<Option<Contribution>, MeshError>> + '_ {
+        let handed = self.hand_over(info, cast, wait);
+        async move {
+            let (name, queued, answer) = handed?;
+            if let Some((wait, budget)) = queued {
+                match wait.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Err(MeshError::Stopped(name)),
+                    Err(_) => {
+                        return Err(MeshError::Timeout {
+                            what: format!(
+                                "handing a cast to {name}'s tree (the sender's queue stayed full)"
+                            ),
+                            after: budget,
+                        });
+                    }
+                }
+            }
+            let Some(answer) = answer else {
+                return Ok(None);
+            };
+            let d = match answer.await {
+                Ok(Handed::Done(c)) => return Ok(Some(c)),
+                Ok(Handed::Collect(d)) => d,
+                Err(_) => return Err(MeshError::Stopped(name)),
+            };
+            // On the heap: it is most of a call's state, though every call
+            // to one member collects.
+            Ok(Some(Box::pin(node::collect(&self.pending, d)).await))
+        }
+    }
+
+    /// The synchronous part of [`Caster::cast`]: the frame checked and
+    /// queued for the caster's task (or its wait for room, boxed), and
+    /// where the answer comes if one is wanted.
+    #[allow(clippy::type_complexity)]
+    fn hand_over(
         &self,
         info: Arc<MeshInfo>,
         mut cast: node::Bound,
         wait: bool,
-    ) -> Result<Option<Contribution>, MeshError> {
+    ) -> Result<
+        (
+            String,
+            Option<(QueueWait<'_>, Duration)>,
+            Option<oneshot::Receiver<Handed>>,
+        ),
+        MeshError,
+    > {
         let frame = &mut cast.frame;
         frame.lost = self.fabric.lost().ranks_of(&info);
         let max = self.fabric.max_frame_bytes();
@@ -152,44 +209,37 @@ impl Caster {
         // job is queued at once if there is room (never behind a sender
         // already waiting: the channel gives room to waiters first), else
         // it waits in the channel's FIFO queue, unbudgeted, within the
-        // cast's budget. That wait is on the heap: it is rare, and in this
-        // future it would make every cast's (and its callers') state larger
-        // by a job and a timer, all copied as each is built.
+        // cast's budget. That wait is on the heap: it is rare, and in the
+        // cast's future it would make every cast's (and its callers') state
+        // larger by a job and a timer, all copied as each is built.
         let budget = Duration::from_millis(u64::from(frame.budget_ms));
-        let wait = match self.jobs.try_send(Job { info, cast, done }) {
+        let queued = match self.jobs.try_send(Job { info, cast, done }) {
             Ok(()) => None,
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(MeshError::Stopped(name)),
-            Err(mpsc::error::TrySendError::Full(job)) => Some(Box::pin(
-                tokio::task::unconstrained(tokio::time::timeout(budget, self.jobs.send(job))),
-            )),
-        };
-        if let Some(wait) = wait {
-            match wait.await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(MeshError::Stopped(name)),
-                Err(_) => {
-                    return Err(MeshError::Timeout {
-                        what: format!(
-                            "handing a cast to {name}'s tree (the sender's queue stayed full)"
-                        ),
-                        after: budget,
-                    });
-                }
+            Err(mpsc::error::TrySendError::Full(job)) => {
+                let wait: QueueWait<'_> = Box::pin(tokio::task::unconstrained(
+                    tokio::time::timeout(budget, self.jobs.send(job)),
+                ));
+                Some((wait, budget))
             }
-        }
-        let Some(answer) = answer else {
-            return Ok(None);
         };
-        let d = match answer.await {
-            Ok(Handed::Done(c)) => return Ok(Some(c)),
-            Ok(Handed::Collect(d)) => d,
-            Err(_) => return Err(MeshError::Stopped(name)),
-        };
-        // On the heap for the same reason as the wait above (it is most
-        // of a call's state), though every call to one member collects.
-        Ok(Some(Box::pin(node::collect(&self.pending, d)).await))
+        Ok((name, queued, answer))
     }
 }
+
+/// A job's wait for room in the caster's queue (past its budget, a
+/// timeout).
+type QueueWait<'a> = Pin<
+    Box<
+        dyn Future<
+                Output = Result<
+                    Result<(), mpsc::error::SendError<Job>>,
+                    tokio::time::error::Elapsed,
+                >,
+            > + Send
+            + 'a,
+    >,
+>;
 
 /// End-to-end credit for fire-and-forget casts, per mesh: a proc queues at
 /// most 1024 casts for a mesh and refuses more, and a caster that never

@@ -10,7 +10,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use regent_net::{ActorId, ActorName, Generation, PortId, ProcAddr, ProcId};
 
-use super::{Caster, Job, NOWAIT_PROBE_EVERY, NOWAIT_PROBES, frame, node};
+use super::{Caster, NOWAIT_PROBE_EVERY, NOWAIT_PROBES, frame, node};
 use crate::entropy::Entropy;
 use crate::fabric::{Fabric, LostProcs, Pending, SendProblem, proc_port};
 use crate::protocol::{
@@ -291,15 +291,16 @@ async fn a_call_given_up_leaves_no_waiter_behind() {
 }
 
 /// A cast's future (and so every call's: the caller's mesh call holds it)
-/// carries neither the wait for room in the caster's queue nor the
-/// collection of its results: both go on the heap when they are needed,
-/// since the state of a future is copied whole each time it is built into
-/// its caller's. (The wait itself: every cast still goes out once and in
-/// order past a full queue, which
-/// `fire_and_forget_casts_wait_for_credit_from_the_slowest_proc` fills.)
+/// carries neither its frame (handed over before the future is made), nor
+/// the wait for room in the caster's queue, nor the collection of its
+/// results (both on the heap when they are needed), since the state of a
+/// future is copied whole each time it is built into its caller's. (The
+/// wait itself: every cast still goes out once and in order past a full
+/// queue, which `fire_and_forget_casts_wait_for_credit_from_the_slowest_proc`
+/// fills.)
 #[test]
 #[allow(unreachable_code, clippy::diverging_sub_expression)]
-fn a_cast_future_carries_neither_its_wait_nor_its_collection() {
+fn a_cast_future_carries_neither_its_frame_nor_its_wait_nor_its_collection() {
     let cast = crate::returned_size(|| {
         Caster::cast(
             unreachable!(),
@@ -309,9 +310,9 @@ fn a_cast_future_carries_neither_its_wait_nor_its_collection() {
         )
     });
     let collection = crate::returned_size(|| node::collect(unreachable!(), unreachable!()));
-    let job = std::mem::size_of::<Job>();
+    let frame = std::mem::size_of::<node::Bound>();
     assert!(
-        cast < collection + job,
-        "a cast is a {cast}-byte future ({collection} bytes of collection, {job} of job)"
+        cast < frame.min(collection),
+        "a cast is a {cast}-byte future ({collection} bytes of collection, {frame} of frame)"
     );
 }
