@@ -101,35 +101,6 @@ impl<T: Clone> Memo<T> {
     }
 }
 
-/// Hands the string a deserializer holds to `f` without copying it where
-/// the deserializer can lend it (postcard over a slice); others pass a
-/// transient string (a JSON string with escapes) the same way. `f`'s error
-/// becomes the deserializer's, by its message.
-pub fn with_str<'de, D, T, M>(
-    deserializer: D,
-    f: impl FnOnce(&str) -> Result<T, M>,
-) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    M: std::fmt::Display,
-{
-    struct Visit<F>(F);
-    impl<T, M, F> serde::de::Visitor<'_> for Visit<F>
-    where
-        F: FnOnce(&str) -> Result<T, M>,
-        M: std::fmt::Display,
-    {
-        type Value = T;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a string")
-        }
-        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
-            (self.0)(v).map_err(E::custom)
-        }
-    }
-    deserializer.deserialize_str(Visit(f))
-}
-
 /// Decodes a string-valued `T` through `memo` (a thread's [`Memo`] of
 /// them, each with its text as `text` gives it): kept text is not made
 /// again, and other text is made by `make` and kept when it is valid.
@@ -139,7 +110,8 @@ where
 /// before it is checked as UTF-8: on a hit the check is skipped, since
 /// the bytes equal a kept text's, which is UTF-8. Those checks were ~1,200
 /// instructions of each pipelined call at a proc. Human-readable formats
-/// hand over a string as [`with_str`] does.
+/// hand over a string (lent where they can, a transient one for a JSON
+/// string with escapes).
 pub fn decode_str<'de, D, T, M>(
     deserializer: D,
     memo: &'static std::thread::LocalKey<Memo<T>>,
