@@ -328,7 +328,7 @@ pub(crate) async fn cpu_per_cast(
 /// and `/proc/<pid>/stat` in clock ticks of 10 ms). Threads that ended are
 /// not counted: the procs and the peer keep theirs while measured.
 fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
-    Ok(Duration::from_nanos(schedstat(pid)?.0))
+    Ok(schedstat(pid)?.cpu)
 }
 
 /// What this process and a proc spent so far: CPU time, and the times any
@@ -343,12 +343,7 @@ pub(crate) struct Cost {
 
 impl Cost {
     fn of(proc_pid: u32) -> anyhow::Result<Self> {
-        let (me, proc) = (std::process::id(), proc_pid);
-        let (a, b) = (schedstat(me)?, schedstat(proc)?);
-        Ok(Self {
-            cpu: Duration::from_nanos(a.0 + b.0),
-            runs: a.1 + b.1,
-        })
+        Ok(schedstat(std::process::id())? + schedstat(proc_pid)?)
     }
 
     /// Adds what was spent between `before` and `after`.
@@ -358,11 +353,22 @@ impl Cost {
     }
 }
 
-/// A process's on-CPU nanoseconds and runs, summed over its threads
+impl std::ops::Add for Cost {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            cpu: self.cpu.saturating_add(other.cpu),
+            runs: self.runs.saturating_add(other.runs),
+        }
+    }
+}
+
+/// A process's time on a CPU and runs, summed over its threads
 /// (`/proc/<pid>/task/*/schedstat`: time on a CPU, time waiting to run,
 /// runs). Threads that ended are left out: these figures' processes keep
 /// theirs.
-fn schedstat(pid: u32) -> anyhow::Result<(u64, u64)> {
+fn schedstat(pid: u32) -> anyhow::Result<Cost> {
     let (mut ns, mut runs) = (0u64, 0u64);
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let path = task?.path().join("schedstat");
@@ -381,7 +387,10 @@ fn schedstat(pid: u32) -> anyhow::Result<(u64, u64)> {
         ns = ns.saturating_add(on_cpu);
         runs = runs.saturating_add(n);
     }
-    Ok((ns, runs))
+    Ok(Cost {
+        cpu: Duration::from_nanos(ns),
+        runs,
+    })
 }
 
 /// What this process and its child processes (the local allocator's procs)
@@ -389,24 +398,16 @@ fn schedstat(pid: u32) -> anyhow::Result<(u64, u64)> {
 /// counts of each thread (see [`Cost`]).
 pub(crate) fn family_cost() -> anyhow::Result<Cost> {
     let me = std::process::id();
-    let (ns, runs) = schedstat(me)?;
-    let children = children_cost(me)?;
-    Ok(Cost {
-        cpu: Duration::from_nanos(ns) + children.cpu,
-        runs: runs + children.runs,
-    })
+    Ok(schedstat(me)? + children_cost(me)?)
 }
 
 /// The same for the child processes of `pid` alone.
 fn children_cost(pid: u32) -> anyhow::Result<Cost> {
-    let mut total = Cost::default();
-    for child in children_of(pid)? {
-        // A child may end between the listing and the read.
-        let (ns, runs) = schedstat(child).unwrap_or_default();
-        total.cpu += Duration::from_nanos(ns);
-        total.runs += runs;
-    }
-    Ok(total)
+    // A child may end between the listing and the read.
+    Ok(children_of(pid)?
+        .into_iter()
+        .map(|child| schedstat(child).unwrap_or_default())
+        .fold(Cost::default(), |total, child| total + child))
 }
 
 /// The processes whose parent is `pid` (from `/proc/*/stat`: this kernel
@@ -573,7 +574,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(20));
                 schedstat(child.id()).unwrap_or_default()
             })
-            .find(|(ns, _)| *ns >= 5_000_000);
+            .find(|c| c.cpu >= Duration::from_millis(5));
         let children = children_cost(me);
         kill(&mut child);
         let found = found.unwrap();
@@ -583,9 +584,9 @@ mod tests {
             child.id()
         );
         assert!(!found.contains(&1) && !found.contains(&me), "{found:?}");
-        let (child_ns, child_runs) = child_cost.expect("the child ran");
+        let child_cost = child_cost.expect("the child ran");
         let children = children.unwrap();
-        assert!(children.cpu >= Duration::from_nanos(child_ns));
-        assert!(children.runs >= child_runs && child_runs > 0);
+        assert!(children.cpu >= child_cost.cpu);
+        assert!(children.runs >= child_cost.runs && child_cost.runs > 0);
     }
 }

@@ -518,7 +518,6 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
         tcp_fanout(&mut tcp).await?;
     }
     tcp_cost.add(before, family_cost()?);
-    let (cpu, tcp_cpu) = (cost.cpu, tcp_cost.cpu);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     drop(tcp);
     mesh.stop().await?;
@@ -526,7 +525,7 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
         Figure::new(
             SUITE,
             &format!("call_gather_{procs}x{per_proc}_cpu{suffix}"),
-            micros(cpu) / block as f64,
+            micros(cost.cpu) / block as f64,
             "us",
         )
         .samples(block)
@@ -540,11 +539,11 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
         Figure::new(
             SUITE,
             &format!("call_gather_{procs}x{per_proc}_cpu_vs_tcp{suffix}"),
-            micros(cpu) / block as f64,
+            micros(cost.cpu) / block as f64,
             "us",
         )
         .samples(block)
-        .against("tcp_fanout_cpu", micros(tcp_cpu) / block as f64, "us"),
+        .against("tcp_fanout_cpu", micros(tcp_cost.cpu) / block as f64, "us"),
     );
     report.push(
         Figure::new(
