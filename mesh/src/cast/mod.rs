@@ -135,7 +135,11 @@ impl Caster {
     ) -> impl Future<Output = Result<Option<Contribution>, MeshError>> + '_ {
         let handed = self.hand_over(info, cast, wait);
         async move {
-            let (name, queued, answer) = handed?;
+            let HandedOver {
+                name,
+                queued,
+                answer,
+            } = handed?;
             if let Some((wait, budget)) = queued {
                 match wait.await {
                     Ok(Ok(())) => {}
@@ -167,20 +171,12 @@ impl Caster {
     /// The synchronous part of [`Caster::cast`]: the frame checked and
     /// queued for the caster's task (or its wait for room, boxed), and
     /// where the answer comes if one is wanted.
-    #[allow(clippy::type_complexity)]
     fn hand_over(
         &self,
         info: Arc<MeshInfo>,
         mut cast: node::Bound,
         wait: bool,
-    ) -> Result<
-        (
-            String,
-            Option<(QueueWait<'_>, Duration)>,
-            Option<oneshot::Receiver<Handed>>,
-        ),
-        MeshError,
-    > {
+    ) -> Result<HandedOver<'_>, MeshError> {
         let frame = &mut cast.frame;
         frame.lost = self.fabric.lost().ranks_of(&info);
         let max = self.fabric.max_frame_bytes();
@@ -223,8 +219,23 @@ impl Caster {
                 Some((wait, budget))
             }
         };
-        Ok((name, queued, answer))
+        Ok(HandedOver {
+            name,
+            queued,
+            answer,
+        })
     }
+}
+
+/// A frame handed to the caster's task: what [`Caster::cast`]'s future
+/// still waits on.
+struct HandedOver<'a> {
+    /// The mesh's name, for errors.
+    name: String,
+    /// The wait for room in the queue, and its budget, if it was full.
+    queued: Option<(QueueWait<'a>, Duration)>,
+    /// Where the tree's answer comes, if one is wanted.
+    answer: Option<oneshot::Receiver<Handed>>,
 }
 
 /// A job's wait for room in the caster's queue (past its budget, a
