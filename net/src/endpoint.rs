@@ -45,6 +45,15 @@ pub(crate) struct PortEntry {
     pub(crate) fence: Arc<AtomicU64>,
 }
 
+/// Why [`Inner::try_deliver_remote`] did not deliver.
+pub(crate) enum Delivering {
+    /// The message is refused.
+    Rejected(RejectCause),
+    /// The inbox is full: the delivery waits for room in it (boxed: the
+    /// rare case, kept out of every delivery's result).
+    Full(mpsc::Sender<Delivery>, Box<Delivery>),
+}
+
 /// State shared by an endpoint's handles and tasks.
 pub(crate) struct Inner {
     pub(crate) proc: ProcId,
@@ -163,29 +172,29 @@ impl Inner {
         }
     }
 
-    /// Puts a message from the network into its inbox (waiting while the
-    /// inbox is full), or says why not.
-    pub(crate) async fn deliver_remote(
+    /// Delivers a message from another proc to its port's inbox if there is
+    /// room (the rule), else gives back the delivery and the inbox to wait
+    /// on. Not a future: the caller's own state holds the message only
+    /// while an inbox is full, so the usual delivery copies nothing into a
+    /// future, and the port's sender is borrowed from the cache, not cloned.
+    pub(crate) fn try_deliver_remote(
         &self,
         envelope: Envelope,
         sender_role: Role,
         cache: &mut Option<(PortId, PortEntry)>,
-    ) -> Result<(), RejectCause> {
+    ) -> Result<(), Delivering> {
         let entry = match cache {
-            Some((port, entry)) if *port == envelope.receiver && !entry.tx.is_closed() => {
-                entry.clone()
-            }
+            Some((port, entry)) if *port == envelope.receiver && !entry.tx.is_closed() => entry,
             _ => {
                 let entry = self
                     .port(&envelope.receiver)
-                    .ok_or(RejectCause::NoSuchPort)?;
-                *cache = Some((envelope.receiver.clone(), entry.clone()));
-                entry
+                    .ok_or(Delivering::Rejected(RejectCause::NoSuchPort))?;
+                &cache.insert((envelope.receiver.clone(), entry)).1
             }
         };
         let fence = Generation(entry.fence.load(Ordering::Acquire));
         if envelope.generation < fence {
-            return Err(RejectCause::Fenced { fence });
+            return Err(Delivering::Rejected(RejectCause::Fenced { fence }));
         }
         let delivery = Delivery {
             sender: envelope.sender,
@@ -196,11 +205,15 @@ impl Inner {
             type_tag: envelope.type_tag,
             payload: Payload::Wire(envelope.payload),
         };
-        entry
-            .tx
-            .send(delivery)
-            .await
-            .map_err(|_| RejectCause::NoSuchPort)
+        match entry.tx.try_send(delivery) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(delivery)) => {
+                Err(Delivering::Full(entry.tx.clone(), Box::new(delivery)))
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Err(Delivering::Rejected(RejectCause::NoSuchPort))
+            }
+        }
     }
 
     fn shutdown_now(&self) {

@@ -16,7 +16,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::outbound::PairKey;
-use super::{Inner, PortEntry, lock};
+use super::{Delivering, Inner, PortEntry, lock};
 use crate::error::LinkFailure;
 use crate::event::{Direction, TransportEvent};
 use crate::id::{Incarnation, PortId, ProcId, Seq};
@@ -24,7 +24,8 @@ use crate::link::{self, READ_CHUNK_BYTES, ReadFailure, code};
 use crate::session::{RecvWindow, Verdict};
 use crate::tls::{CertificateFacts, Role, certificate_facts, verify_proc_identity};
 use crate::wire::{
-    self, Control, FrameDecoder, Hello, PROTOCOL_VERSION, ToReceiver, ToSender, Welcome, WireError,
+    self, Control, FrameDecoder, Hello, PROTOCOL_VERSION, RejectCause, ToReceiver, ToSender,
+    Welcome, WireError,
 };
 
 type SharedWindow = Arc<tokio::sync::Mutex<RecvWindow>>;
@@ -607,7 +608,15 @@ async fn receive_stream(
                 match w.arrive(&mut cursor, seq) {
                     Ok(Verdict::Deliver) => {
                         inner.traffic.received(frame_bytes);
-                        let outcome = inner.deliver_remote(envelope, role, &mut port_cache).await;
+                        let outcome =
+                            match inner.try_deliver_remote(envelope, role, &mut port_cache) {
+                                Ok(()) => Ok(()),
+                                Err(Delivering::Rejected(cause)) => Err(cause),
+                                Err(Delivering::Full(inbox, delivery)) => inbox
+                                    .send(*delivery)
+                                    .await
+                                    .map_err(|_| RejectCause::NoSuchPort),
+                            };
                         if let Err(cause) = &outcome {
                             tracing::debug!(proc = %inner.proc, %peer, seq = seq.0, %cause, "message rejected");
                             replies.push(&ToSender::Reject {
