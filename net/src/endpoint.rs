@@ -319,6 +319,15 @@ enum Attempt<'a, M> {
     Wait(std::pin::Pin<Box<dyn Future<Output = Result<(), SendError<M>>> + Send + 'a>>),
 }
 
+/// Gives an encoded payload back from its delivery.
+fn wire_back(delivery: Delivery, failure: SendFailure) -> SendError<Bytes> {
+    let message = match delivery.payload {
+        Payload::Wire(bytes) => bytes,
+        Payload::Local(_) => unreachable!("encoded payloads are delivered as wire bytes"),
+    };
+    SendError { message, failure }
+}
+
 /// Gives a local message back: the delivery was built from an `M`.
 fn give_back_local<M: Message>(delivery: Delivery, failure: SendFailure) -> SendError<M> {
     let message = match delivery.payload {
@@ -696,16 +705,94 @@ impl Endpoint {
             },
             Prepared::Remote(message, payload) => {
                 let tag = TypeTag::of::<M>();
-                match outbound::attempt(&self.inner, from, to, generation, tag, &payload) {
-                    outbound::Attempted::Done(sent) => {
-                        Attempt::Done(sent.map_err(|failure| SendError { message, failure }))
-                    }
-                    outbound::Attempted::Full(pair) => Attempt::Wait(Box::pin(async move {
-                        outbound::enqueue_on(&self.inner, pair, from, to, generation, tag, payload)
-                            .await
-                            .map_err(|failure| SendError { message, failure })
-                    })),
-                }
+                self.remote_or_wait(from, to, generation, tag, payload, message)
+            }
+        }
+    }
+
+    /// A remote send of an encoded payload done at once, or its wait for
+    /// room; `message` is what a failure gives back.
+    fn remote_or_wait<'a, M: Send + 'a>(
+        &'a self,
+        from: &'a ActorId,
+        to: &'a PortId,
+        generation: Generation,
+        tag: TypeTag,
+        payload: Bytes,
+        message: M,
+    ) -> Attempt<'a, M> {
+        match outbound::attempt(&self.inner, from, to, generation, tag, &payload) {
+            outbound::Attempted::Done(sent) => {
+                Attempt::Done(sent.map_err(|failure| SendError { message, failure }))
+            }
+            outbound::Attempted::Full(pair) => Attempt::Wait(Box::pin(async move {
+                outbound::enqueue_on(&self.inner, pair, from, to, generation, tag, payload)
+                    .await
+                    .map_err(|failure| SendError { message, failure })
+            })),
+        }
+    }
+
+    /// Like [`Self::send`], for a sender that does not want the message back
+    /// on failure: it is encoded at once and only its bytes are kept, so the
+    /// future stays small however large the message (a caller that moves
+    /// its future through layers of its own copies it at each). A local
+    /// receiver gets it as [`Payload::Wire`], as from [`Self::send_raw`].
+    pub async fn send_ref<M: Message>(
+        &self,
+        from: &ActorId,
+        to: &PortId,
+        generation: Generation,
+        message: &M,
+    ) -> Result<(), SendFailure> {
+        if from.proc != self.inner.proc {
+            return Err(SendFailure::ForeignSender(from.proc.clone()));
+        }
+        let payload = wire::encode_payload(message)?;
+        let sent = match self.wire_or_wait(from, to, generation, TypeTag::of::<M>(), payload) {
+            Attempt::Done(sent) => sent,
+            Attempt::Wait(wait) => wait.await,
+        };
+        sent.map_err(|e| e.failure)
+    }
+
+    /// An encoded payload's send (local or remote) done at once, or its wait
+    /// for room; a failure gives the payload back.
+    fn wire_or_wait<'a>(
+        &'a self,
+        from: &'a ActorId,
+        to: &'a PortId,
+        generation: Generation,
+        type_tag: TypeTag,
+        payload: Bytes,
+    ) -> Attempt<'a, Bytes> {
+        if *to.proc() != self.inner.proc {
+            return self.remote_or_wait(from, to, generation, type_tag, payload.clone(), payload);
+        }
+        let delivery = Delivery {
+            sender: from.clone(),
+            sender_role: self.inner.role,
+            receiver: to.clone(),
+            seq: Seq(0),
+            generation,
+            type_tag,
+            payload: Payload::Wire(payload),
+        };
+        let entry = match self.local_port(&delivery) {
+            Ok(entry) => entry,
+            Err(failure) => return Attempt::Done(Err(wire_back(delivery, failure))),
+        };
+        match entry.tx.try_send(delivery) {
+            Ok(()) => Attempt::Done(Ok(())),
+            Err(mpsc::error::TrySendError::Full(delivery)) => Attempt::Wait(Box::pin(async move {
+                entry.tx.send(delivery).await.map_err(|e| {
+                    let port = e.0.receiver.clone();
+                    wire_back(e.0, SendFailure::NoSuchPort(port))
+                })
+            })),
+            Err(mpsc::error::TrySendError::Closed(d)) => {
+                let port = d.receiver.clone();
+                Attempt::Done(Err(wire_back(d, SendFailure::NoSuchPort(port))))
             }
         }
     }
@@ -758,39 +845,9 @@ impl Endpoint {
                 failure: SendFailure::ForeignSender(from.proc.clone()),
             });
         }
-        if *to.proc() != self.inner.proc {
-            return outbound::enqueue(&self.inner, from, to, generation, type_tag, payload.clone())
-                .await
-                .map_err(|failure| SendError {
-                    message: payload,
-                    failure,
-                });
-        }
-        let delivery = Delivery {
-            sender: from.clone(),
-            sender_role: self.inner.role,
-            receiver: to.clone(),
-            seq: Seq(0),
-            generation,
-            type_tag,
-            payload: Payload::Wire(payload),
-        };
-        let wire_payload = |d: Delivery| match d.payload {
-            Payload::Wire(bytes) => bytes,
-            Payload::Local(_) => Bytes::new(),
-        };
-        match self.local_port(&delivery) {
-            Ok(entry) => entry.tx.send(delivery).await.map_err(|e| {
-                let failure = SendFailure::NoSuchPort(e.0.receiver.clone());
-                SendError {
-                    message: wire_payload(e.0),
-                    failure,
-                }
-            }),
-            Err(failure) => Err(SendError {
-                message: wire_payload(delivery),
-                failure,
-            }),
+        match self.wire_or_wait(from, to, generation, type_tag, payload) {
+            Attempt::Done(sent) => sent,
+            Attempt::Wait(wait) => wait.await,
         }
     }
 

@@ -806,7 +806,20 @@ async fn a_send_to_a_full_buffer_waits_for_room_and_keeps_its_place() {
     let local = a
         .open_port(pid("a").actor("sink", 0).unwrap().port(0))
         .unwrap();
-    for mut inbox in [remote, local] {
+    let remote_ref = b
+        .open_port(pid("b").actor("sink", 1).unwrap().port(0))
+        .unwrap();
+    let local_ref = a
+        .open_port(pid("a").actor("sink", 1).unwrap().port(0))
+        .unwrap();
+    // The waiting send is a `send` to the first two, a `send_ref` (which
+    // keeps only the encoded bytes while it waits) to the other two.
+    for (mut inbox, by_ref) in [
+        (remote, false),
+        (local, false),
+        (remote_ref, true),
+        (local_ref, true),
+    ] {
         let to = inbox.port().clone();
         // Fill the way to `to` (buffer, stream window, inbox) until a send
         // would wait, and still would at three looks 100 ms apart (acks
@@ -829,7 +842,15 @@ async fn a_send_to_a_full_buffer_waits_for_room_and_keeps_its_place() {
         .expect("the way fills up");
         let last = {
             let (a, from, to) = (a.clone(), from.clone(), to.clone());
-            tokio::spawn(async move { a.send(&from, &to, Generation(0), blob(sent)).await })
+            tokio::spawn(async move {
+                if by_ref {
+                    a.send_ref(&from, &to, Generation(0), &blob(sent)).await
+                } else {
+                    a.send(&from, &to, Generation(0), blob(sent))
+                        .await
+                        .map_err(|e| e.failure)
+                }
+            })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!last.is_finished(), "a send to a full buffer waits");
@@ -865,4 +886,107 @@ fn a_send_future_is_its_message_and_little_more() {
         )
     });
     assert!(send <= 256, "a send of a Num is a {send}-byte future");
+}
+
+/// A message far larger than a send's own state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Wide(Vec<u64>, [u64; 32], [u64; 32]);
+impl Message for Wide {
+    const TYPE_NAME: &'static str = "regent-net-test/Wide";
+}
+
+/// `send_ref`'s future holds the message's bytes, never the message: it is
+/// smaller than the message, however large that is (`send`'s must hold it,
+/// to give it back on failure).
+#[test]
+#[allow(unreachable_code, clippy::diverging_sub_expression)]
+fn a_send_ref_future_does_not_hold_its_message() {
+    fn returned_size<R>(_: impl FnOnce() -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+    let by_ref = returned_size(|| {
+        Endpoint::send_ref::<Wide>(
+            unreachable!(),
+            unreachable!(),
+            unreachable!(),
+            unreachable!(),
+            unreachable!(),
+        )
+    });
+    let wide = std::mem::size_of::<Wide>();
+    assert!(
+        by_ref < wide,
+        "a send_ref of a {wide}-byte message is a {by_ref}-byte future"
+    );
+}
+
+/// `send_ref` delivers what `send` does, in the same order on the same
+/// pair (remote or local: a local receiver gets the encoded bytes), and
+/// fails the same way, without the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_ref_delivers_and_fails_as_send_does() {
+    let ca = ClusterCa::generate("test").unwrap();
+    let a = bind(&ca, "a", EndpointConfig::default());
+    let b = bind(&ca, "b", EndpointConfig::default());
+    a.add_route(b.addr());
+    let from = pid("a").actor("src", 0).unwrap();
+    let mut remote = b
+        .open_port(pid("b").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    let mut local = a
+        .open_port(pid("a").actor("sink", 0).unwrap().port(0))
+        .unwrap();
+    let wide = |n: u64| Wide(vec![n; 3], [n; 32], [n; 32]);
+    for inbox in [&mut remote, &mut local] {
+        let to = inbox.port().clone();
+        for n in 0..40u64 {
+            if n % 2 == 0 {
+                a.send_ref(&from, &to, Generation(3), &wide(n))
+                    .await
+                    .unwrap();
+            } else {
+                a.send(&from, &to, Generation(3), wide(n)).await.unwrap();
+            }
+        }
+        for n in 0..40u64 {
+            let d = recv(inbox).await;
+            assert_eq!(d.generation, Generation(3));
+            assert_eq!(d.sender, from);
+            if *to.proc() == pid("a") && n % 2 == 0 {
+                assert!(!d.is_local(), "a local send_ref delivers bytes");
+            }
+            assert_eq!(d.decode::<Wide>().unwrap(), wide(n), "to {to}");
+        }
+    }
+    // Failures: a sender of another proc, no route, no such local port, a
+    // message too large to frame, a fenced local port.
+    let foreign = pid("b").actor("src", 0).unwrap();
+    assert_eq!(
+        a.send_ref(&foreign, remote.port(), Generation(0), &Num(1))
+            .await,
+        Err(SendFailure::ForeignSender(pid("b")))
+    );
+    let nowhere = pid("c").actor("sink", 0).unwrap().port(0);
+    assert_eq!(
+        a.send_ref(&from, &nowhere, Generation(0), &Num(1)).await,
+        Err(SendFailure::NoRoute(pid("c")))
+    );
+    let missing = pid("a").actor("x", 0).unwrap().port(0);
+    assert_eq!(
+        a.send_ref(&from, &missing, Generation(0), &Num(1)).await,
+        Err(SendFailure::NoSuchPort(missing.clone()))
+    );
+    assert!(matches!(
+        a.send_ref(&from, remote.port(), Generation(0), &Blob(vec![0; 2 << 20]))
+            .await,
+        Err(SendFailure::Wire(WireError::FrameTooLarge { .. }))
+    ));
+    local.set_fence(Generation(5));
+    assert_eq!(
+        a.send_ref(&from, local.port(), Generation(4), &Num(1))
+            .await,
+        Err(SendFailure::Fenced {
+            fence: Generation(5)
+        })
+    );
 }
