@@ -357,22 +357,25 @@ impl NetFabric {
     }
 
     /// Sends `message` to `to`, giving up at `deadline`; a proc known to be
-    /// lost fails at once.
+    /// lost fails at once. The message is encoded when the send starts and
+    /// only its bytes are kept (`Endpoint::send_ref`): a command is hundreds
+    /// of bytes, which every future between here and the endpoint would
+    /// otherwise copy as each is built.
     pub(crate) async fn send_by<M: Message>(
         &self,
         to: &PortId,
         generation: Generation,
-        message: M,
+        message: &M,
         deadline: Instant,
     ) -> Result<(), SendProblem> {
         let proc = to.proc();
         if self.lost.contains(proc) {
             return Err(SendProblem::Lost(proc.clone()));
         }
-        let send = self.endpoint.send(&self.me, to, generation, message);
+        let send = self.endpoint.send_ref(&self.me, to, generation, message);
         match tokio::time::timeout_at(deadline, send).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(SendProblem::of(proc, &e.failure)),
+            Ok(Err(failure)) => Err(SendProblem::of(proc, &failure)),
             Err(_) => Err(SendProblem::Deadline(proc.clone())),
         }
     }
@@ -399,7 +402,7 @@ impl Fabric for NetFabric {
             self.send_by(
                 &proc_port(&proc, names::COMMAND_PORT),
                 generation,
-                cmd,
+                &cmd,
                 deadline,
             )
             .await
@@ -417,7 +420,7 @@ impl Fabric for NetFabric {
         self.endpoint.add_route_if_unknown(addr.clone());
         self.commands_sent.fetch_add(1, Ordering::Relaxed);
         let port = proc_port(&addr.proc, names::COMMAND_PORT);
-        async move { self.send_by(&port, Generation(0), cmd, deadline).await }.boxed()
+        async move { self.send_by(&port, Generation(0), &cmd, deadline).await }.boxed()
     }
 
     fn reply_port(&self) -> PortId {
@@ -427,7 +430,7 @@ impl Fabric for NetFabric {
     fn reply(&self, port: PortId, reply: ProcReply) -> BoxFuture<'_, ()> {
         async move {
             let deadline = Instant::now() + REPLY_SEND_BOUND;
-            if let Err(e) = self.send_by(&port, Generation(0), reply, deadline).await {
+            if let Err(e) = self.send_by(&port, Generation(0), &reply, deadline).await {
                 tracing::warn!(to = %port, error = %e, "could not send a reply");
             }
         }
@@ -459,7 +462,7 @@ impl Fabric for NetFabric {
     fn spawn_child(&self, port: PortId, request: SpawnChild) -> BoxFuture<'_, Result<(), String>> {
         async move {
             let deadline = Instant::now() + REPLY_SEND_BOUND;
-            self.send_by(&port, Generation(0), request, deadline)
+            self.send_by(&port, Generation(0), &request, deadline)
                 .await
                 .map_err(|e| e.to_string())
         }
@@ -470,7 +473,7 @@ impl Fabric for NetFabric {
         async move {
             let deadline = Instant::now() + REPLY_SEND_BOUND;
             let generation = report.generation;
-            if let Err(e) = self.send_by(&port, generation, report, deadline).await {
+            if let Err(e) = self.send_by(&port, generation, &report, deadline).await {
                 tracing::warn!(to = %port, error = %e, "could not report a member exit");
             }
         }

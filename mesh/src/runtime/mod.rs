@@ -602,7 +602,7 @@ impl Runtime {
         let port = proc_port(proc, names::COMMAND_PORT);
         self.inner
             .fabric
-            .send_by(&port, Generation(0), cmd, deadline)
+            .send_by(&port, Generation(0), &cmd, deadline)
             .await
             .map_err(|e| e.to_string())
     }
