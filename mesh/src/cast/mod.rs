@@ -448,7 +448,10 @@ pub(crate) fn frame<M: Serialize>(
             .unwrap_or(u32::MAX)
             .min(crate::protocol::MAX_BUDGET_MS),
     };
-    Ok(node::Bound { frame, selected })
+    Ok(node::Bound {
+        frame: Box::new(frame),
+        selected,
+    })
 }
 
 fn failures(failed: Vec<(u32, MemberError)>) -> Vec<(Rank, MemberError)> {

@@ -154,8 +154,13 @@ fn selected_in(selected: &Selected, ranks: Range<u32>) -> Vec<u32> {
 /// (dispatch, the checks of a held cast, a failure's reply) reads the
 /// members it selects from here: binding is a pure function of the
 /// selection, the view and the seed, so no step needs to bind it again.
+///
+/// The frame is on the heap: a bound cast passes through channels and
+/// futures on its way to dispatch (the caster's queue, a proc's mesh
+/// dispatcher, its held casts), each of which copies what it is given, and
+/// a frame is 320 bytes.
 pub(crate) struct Bound {
-    pub(crate) frame: CastFrame,
+    pub(crate) frame: Box<CastFrame>,
     pub(crate) selected: Selected,
 }
 
@@ -163,7 +168,10 @@ impl Bound {
     /// Binds `frame`'s selection.
     pub(crate) fn new(frame: CastFrame) -> Result<Self, crate::selection::SelectionError> {
         let selected = frame.selection.bind(&frame.view, frame.seed)?;
-        Ok(Self { frame, selected })
+        Ok(Self {
+            frame: Box::new(frame),
+            selected,
+        })
     }
 }
 
@@ -215,7 +223,7 @@ pub(crate) async fn dispatch(
             chunks.extend(below.into_iter().rev());
             continue;
         }
-        let mut child = frame.clone();
+        let mut child = CastFrame::clone(frame);
         child.procs = (chunk.start, chunk.end);
         child.budget_ms = child_budget;
         let Some(head_proc) = info.procs.get(chunk.start as usize).map(|a| a.proc.clone()) else {

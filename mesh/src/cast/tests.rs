@@ -310,9 +310,23 @@ fn a_cast_future_carries_neither_its_frame_nor_its_wait_nor_its_collection() {
         )
     });
     let collection = crate::returned_size(|| node::collect(unreachable!(), unreachable!()));
-    let frame = std::mem::size_of::<node::Bound>();
+    let frame = std::mem::size_of::<crate::protocol::CastFrame>();
     assert!(
         cast < frame.min(collection),
         "a cast is a {cast}-byte future ({collection} bytes of collection, {frame} of frame)"
+    );
+}
+
+/// A bound cast moves through channels and futures on its way to dispatch
+/// (the caster's queue, a proc's mesh dispatcher, its held casts), each a
+/// copy of what it is given: it holds its frame on the heap, so a move
+/// copies a pointer and the bound selection, not the frame.
+#[test]
+fn a_bound_cast_holds_its_frame_on_the_heap() {
+    let bound = std::mem::size_of::<node::Bound>();
+    let frame = std::mem::size_of::<crate::protocol::CastFrame>();
+    assert!(
+        bound < frame / 2,
+        "a bound cast is {bound} bytes, its frame {frame}"
     );
 }

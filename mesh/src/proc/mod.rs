@@ -630,7 +630,10 @@ impl ProcRuntime {
         }
         // What validate_at checks does not change with the generation.
         match frame.validate_at(&info, hosted.proc_rank) {
-            Ok(selected) => hosted.cast(Bound { frame, selected }),
+            Ok(selected) => hosted.cast(Bound {
+                frame: Box::new(frame),
+                selected,
+            }),
             Err(e) => {
                 self.refused += 1;
                 tracing::warn!(from = %sender, mesh = %info.name, error = %e, "an invalid cast refused");
