@@ -287,7 +287,7 @@ impl SimWorld {
                     fabric.hops.store(hops, Ordering::Relaxed);
                     // The root is the owner; procs only forward casts.
                     let from_owner = sender == owner;
-                    if rt.handle(cmd, from_owner, &sender).await.is_some() {
+                    if rt.handle(cmd, from_owner, &sender).is_some() {
                         break;
                     }
                 }

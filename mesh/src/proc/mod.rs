@@ -267,8 +267,11 @@ impl ProcRuntime {
     }
 
     /// Handles one command from `sender`; returns `Some` when the proc must
-    /// exit. Only casts may come from others than the owner.
-    pub(crate) async fn handle(
+    /// exit. Only casts may come from others than the owner. Synchronous:
+    /// what waits (a spawn, a relayed command's answers) is handed to tasks,
+    /// and a command moved into a future would be copied whole (a cast
+    /// frame's 400 bytes) where this takes it in place.
+    pub(crate) fn handle(
         &mut self,
         cmd: ProcCommand,
         from_owner: bool,
@@ -865,7 +868,7 @@ where
                 stats.send(&endpoint, &fabric.me);
             }
         }
-        if let Some(exit) = rt.handle(cmd, from_owner, &sender).await {
+        if let Some(exit) = rt.handle(cmd, from_owner, &sender) {
             break exit;
         }
         if let Some(renewal) = rt.take_owner_heard() {
