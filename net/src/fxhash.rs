@@ -4,20 +4,21 @@
 //! about 900 instructions per message over those names on the reference
 //! machine, most of a send's lookups. Their keys are names this process
 //! sends from and to, not values a peer chooses, so the flooding
-//! `SipHash` guards against does not apply.
+//! `SipHash` guards against does not apply. Public for the same use in the
+//! crates above (keys of this process's own choosing, or bounded maps).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A `HashMap` hashed with [`FxHasher`].
-pub(crate) type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// The multiplier of rustc's `FxHasher` (64-bit).
 const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 
 /// rustc's `FxHasher`: not resistant to chosen keys, fast on short ones.
 #[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher {
+pub struct FxHasher {
     hash: u64,
 }
 

@@ -68,7 +68,7 @@ mod detector;
 mod endpoint;
 pub mod error;
 pub mod event;
-mod fxhash;
+pub mod fxhash;
 pub mod id;
 mod link;
 pub mod memo;

@@ -264,7 +264,9 @@ type QueueWait<'a> = Pin<
 /// instead of losing casts.
 #[derive(Default)]
 struct Credit {
-    meshes: std::collections::HashMap<crate::protocol::MeshId, MeshCredit>,
+    /// Fx-hashed: looked up for every fire-and-forget cast, by ids of the
+    /// meshes this caster's owner casts to, at most [`CREDIT_MESHES`].
+    meshes: regent_net::fxhash::FxHashMap<crate::protocol::MeshId, MeshCredit>,
 }
 
 struct MeshCredit {
@@ -426,7 +428,7 @@ pub(crate) fn frame<M: Serialize>(
     timeout: Duration,
 ) -> Result<node::Bound, MeshError> {
     let view = view.cloned().unwrap_or_else(|| info.shape.clone());
-    let seed = caster.entropy.next_u64();
+    let seed = caster.entropy.next_seed();
     let selected = selection.bind(&view, seed)?;
     let frame = CastFrame {
         mesh: info.id,
