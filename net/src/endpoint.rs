@@ -685,24 +685,7 @@ impl Endpoint {
             Err(e) => return Attempt::Done(Err(e)),
         };
         match prepared {
-            Prepared::Local(delivery) => match self.local_port(&delivery) {
-                Ok(entry) => match entry.tx.try_send(delivery) {
-                    Ok(()) => Attempt::Done(Ok(())),
-                    Err(mpsc::error::TrySendError::Full(delivery)) => {
-                        Attempt::Wait(Box::pin(async move {
-                            entry.tx.send(delivery).await.map_err(|e| {
-                                let port = e.0.receiver.clone();
-                                give_back_local(e.0, SendFailure::NoSuchPort(port))
-                            })
-                        }))
-                    }
-                    Err(mpsc::error::TrySendError::Closed(d)) => {
-                        let port = d.receiver.clone();
-                        Attempt::Done(Err(give_back_local(d, SendFailure::NoSuchPort(port))))
-                    }
-                },
-                Err(failure) => Attempt::Done(Err(give_back_local(delivery, failure))),
-            },
+            Prepared::Local(delivery) => self.local_or_wait(delivery, give_back_local::<M>),
             Prepared::Remote(message, payload) => {
                 let tag = TypeTag::of::<M>();
                 self.remote_or_wait(from, to, generation, tag, payload, message)
@@ -778,21 +761,31 @@ impl Endpoint {
             type_tag,
             payload: Payload::Wire(payload),
         };
+        self.local_or_wait(delivery, wire_back)
+    }
+
+    /// A local delivery put in its inbox at once, or its wait for room;
+    /// `back` gives a failed delivery's message back.
+    fn local_or_wait<'a, M: Send + 'a>(
+        &'a self,
+        delivery: Delivery,
+        back: fn(Delivery, SendFailure) -> SendError<M>,
+    ) -> Attempt<'a, M> {
         let entry = match self.local_port(&delivery) {
             Ok(entry) => entry,
-            Err(failure) => return Attempt::Done(Err(wire_back(delivery, failure))),
+            Err(failure) => return Attempt::Done(Err(back(delivery, failure))),
         };
         match entry.tx.try_send(delivery) {
             Ok(()) => Attempt::Done(Ok(())),
             Err(mpsc::error::TrySendError::Full(delivery)) => Attempt::Wait(Box::pin(async move {
                 entry.tx.send(delivery).await.map_err(|e| {
                     let port = e.0.receiver.clone();
-                    wire_back(e.0, SendFailure::NoSuchPort(port))
+                    back(e.0, SendFailure::NoSuchPort(port))
                 })
             })),
             Err(mpsc::error::TrySendError::Closed(d)) => {
                 let port = d.receiver.clone();
-                Attempt::Done(Err(wire_back(d, SendFailure::NoSuchPort(port))))
+                Attempt::Done(Err(back(d, SendFailure::NoSuchPort(port))))
             }
         }
     }

@@ -867,15 +867,17 @@ async fn a_send_to_a_full_buffer_waits_for_room_and_keeps_its_place() {
     }
 }
 
+/// The size of what `make` returns (a future, here), never called.
+fn returned_size<R>(_make: impl FnOnce() -> R) -> usize {
+    std::mem::size_of::<R>()
+}
+
 /// A send's future does not carry the state of a wait for room (a
 /// kilobyte, on the heap only when a send must wait): callers box and move
 /// it for every message.
 #[test]
 #[allow(unreachable_code, clippy::diverging_sub_expression)]
 fn a_send_future_is_its_message_and_little_more() {
-    fn returned_size<R>(_: impl FnOnce() -> R) -> usize {
-        std::mem::size_of::<R>()
-    }
     let send = returned_size(|| {
         Endpoint::send::<Num>(
             unreachable!(),
@@ -901,9 +903,6 @@ impl Message for Wide {
 #[test]
 #[allow(unreachable_code, clippy::diverging_sub_expression)]
 fn a_send_ref_future_does_not_hold_its_message() {
-    fn returned_size<R>(_: impl FnOnce() -> R) -> usize {
-        std::mem::size_of::<R>()
-    }
     let by_ref = returned_size(|| {
         Endpoint::send_ref::<Wide>(
             unreachable!(),
