@@ -732,27 +732,34 @@ impl Endpoint {
             return Err(SendFailure::ForeignSender(from.proc.clone()));
         }
         let payload = wire::encode_payload(message)?;
-        let sent = match self.wire_or_wait(from, to, generation, TypeTag::of::<M>(), payload) {
+        let tag = TypeTag::of::<M>();
+        // Nothing is given back, so the payload is not kept for a failure.
+        let attempt = if *to.proc() == self.inner.proc {
+            let delivery = self.wire_delivery(from, to, generation, tag, payload);
+            self.local_or_wait(delivery, |_, failure| SendError {
+                message: (),
+                failure,
+            })
+        } else {
+            self.remote_or_wait(from, to, generation, tag, payload, ())
+        };
+        let sent = match attempt {
             Attempt::Done(sent) => sent,
             Attempt::Wait(wait) => wait.await,
         };
         sent.map_err(|e| e.failure)
     }
 
-    /// An encoded payload's send (local or remote) done at once, or its wait
-    /// for room; a failure gives the payload back.
-    fn wire_or_wait<'a>(
-        &'a self,
-        from: &'a ActorId,
-        to: &'a PortId,
+    /// A local delivery of an encoded payload.
+    fn wire_delivery(
+        &self,
+        from: &ActorId,
+        to: &PortId,
         generation: Generation,
         type_tag: TypeTag,
         payload: Bytes,
-    ) -> Attempt<'a, Bytes> {
-        if *to.proc() != self.inner.proc {
-            return self.remote_or_wait(from, to, generation, type_tag, payload.clone(), payload);
-        }
-        let delivery = Delivery {
+    ) -> Delivery {
+        Delivery {
             sender: from.clone(),
             sender_role: self.inner.role,
             receiver: to.clone(),
@@ -760,8 +767,7 @@ impl Endpoint {
             generation,
             type_tag,
             payload: Payload::Wire(payload),
-        };
-        self.local_or_wait(delivery, wire_back)
+        }
     }
 
     /// A local delivery put in its inbox at once, or its wait for room;
@@ -838,7 +844,13 @@ impl Endpoint {
                 failure: SendFailure::ForeignSender(from.proc.clone()),
             });
         }
-        match self.wire_or_wait(from, to, generation, type_tag, payload) {
+        let attempt = if *to.proc() == self.inner.proc {
+            let delivery = self.wire_delivery(from, to, generation, type_tag, payload);
+            self.local_or_wait(delivery, wire_back)
+        } else {
+            self.remote_or_wait(from, to, generation, type_tag, payload.clone(), payload)
+        };
+        match attempt {
             Attempt::Done(sent) => sent,
             Attempt::Wait(wait) => wait.await,
         }
