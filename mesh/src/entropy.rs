@@ -11,29 +11,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A source of random `u64`s (see the module docs). Shared by reference.
 #[derive(Debug)]
-pub(crate) struct Entropy {
-    /// The state of a SplitMix64 generator; `None` draws from the OS.
-    seeded: Option<Mutex<u64>>,
-    /// From the OS: the state of the SplitMix64 generator of
-    /// [`Entropy::next_seed`], started at an OS draw.
-    seeds: AtomicU64,
+pub(crate) enum Entropy {
+    /// Draws from the OS; cast seeds from a SplitMix64 generator whose
+    /// state (this) started at an OS draw ([`Entropy::next_seed`]).
+    Os(AtomicU64),
+    /// Every number from one SplitMix64 generator's state.
+    Seeded(Mutex<u64>),
 }
 
 impl Entropy {
     /// Numbers from the OS: unpredictable, not replayable.
     pub(crate) fn os() -> Self {
-        Self {
-            seeded: None,
-            seeds: AtomicU64::new(os_draw()),
-        }
+        Self::Os(AtomicU64::new(os_draw()))
     }
 
     /// Numbers from `seed`: the same seed gives the same sequence.
     pub(crate) fn seeded(seed: u64) -> Self {
-        Self {
-            seeded: Some(Mutex::new(seed)),
-            seeds: AtomicU64::new(0),
-        }
+        Self::Seeded(Mutex::new(seed))
     }
 
     /// `Some(seed)` seeds, `None` draws from the OS.
@@ -45,11 +39,11 @@ impl Entropy {
     /// cryptographic source, or from the seed in a simulation.
     pub(crate) fn fill_secret(&self, out: &mut [u8]) {
         use ring::rand::SecureRandom;
-        match &self.seeded {
-            None => ring::rand::SystemRandom::new()
+        match self {
+            Self::Os(_) => ring::rand::SystemRandom::new()
                 .fill(out)
                 .expect("the OS's random source"),
-            Some(_) => {
+            Self::Seeded(_) => {
                 for chunk in out.chunks_mut(8) {
                     let n = self.next_u64().to_le_bytes();
                     chunk.copy_from_slice(&n[..chunk.len()]);
@@ -61,9 +55,9 @@ impl Entropy {
     /// The next number: unpredictable from the OS (a cast token, a
     /// signing key's seed).
     pub(crate) fn next_u64(&self) -> u64 {
-        match &self.seeded {
-            None => os_draw(),
-            Some(state) => {
+        match self {
+            Self::Os(_) => os_draw(),
+            Self::Seeded(state) => {
                 // The lock is held for arithmetic only: never poisoned.
                 let mut s = state.lock().expect("entropy lock");
                 *s = s.wrapping_add(GAMMA);
@@ -79,12 +73,11 @@ impl Entropy {
     /// clock read and keyed hash (about 350 instructions per cast); seeded,
     /// the same sequence as [`Entropy::next_u64`], so a simulation replays.
     pub(crate) fn next_seed(&self) -> u64 {
-        match &self.seeded {
-            None => mix(self
-                .seeds
+        match self {
+            Self::Os(seeds) => mix(seeds
                 .fetch_add(GAMMA, Ordering::Relaxed)
                 .wrapping_add(GAMMA)),
-            Some(_) => self.next_u64(),
+            Self::Seeded(_) => self.next_u64(),
         }
     }
 }
