@@ -269,8 +269,8 @@ impl ProcRuntime {
     /// Handles one command from `sender`; returns `Some` when the proc must
     /// exit. Only casts may come from others than the owner. Synchronous:
     /// what waits (a spawn, a relayed command's answers) is handed to tasks,
-    /// and a command moved into a future would be copied whole (a cast
-    /// frame's 400 bytes) where this takes it in place.
+    /// and a command moved into a future would be copied whole (400 bytes,
+    /// a cast's among them) where this takes it in place.
     pub(crate) fn handle(
         &mut self,
         cmd: ProcCommand,
