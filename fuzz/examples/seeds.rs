@@ -321,6 +321,7 @@ fn cast(collect: Collect, selection: &str, reply: bool) -> CastFrame {
         procs: (0, 2),
         per_proc: info.per_proc,
         payload: Bytes::from_static(b"\x01\x02step"),
+        more: Vec::new(),
         reply: reply.then(|| ReplyTo {
             port: port("controller/regent-controller[0]#1"),
             call: 11,
@@ -421,6 +422,17 @@ fn mesh(out: &mut Seeds) {
         (
             "cast-ack",
             ProcCommand::Cast(cast(Collect::Ack, "*", false)),
+        ),
+        (
+            // Fire-and-forget casts batched into one frame.
+            "cast-batch",
+            ProcCommand::Cast(CastFrame {
+                more: vec![
+                    Bytes::from_static(b"\x01\x03next"),
+                    Bytes::from_static(b"\x01\x04last"),
+                ],
+                ..cast(Collect::Ack, "hosts=1", false)
+            }),
         ),
         (
             "cast-gather",

@@ -47,6 +47,7 @@ fn call_frame() -> CastFrame {
         per_proc: 8,
         lost: Vec::new(),
         payload: Bytes::from_static(&[1, 2, 3, 4, 5, 6, 7, 8]),
+        more: Vec::new(),
         reply: Some(ReplyTo {
             port: controller.port(2),
             call: 99,

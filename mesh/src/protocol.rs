@@ -30,6 +30,9 @@ pub const MAX_BUDGET_MS: u32 = 24 * 3600 * 1000;
 pub const MAX_NAME_BYTES: usize = 256;
 /// The longest failure text a message may carry.
 pub const MAX_TEXT_BYTES: usize = 16 << 10;
+/// The most casts one [`CastFrame`] carries (its own and those batched
+/// after it, [`CastFrame::more`]).
+pub const MAX_BATCHED_CASTS: usize = 64;
 
 /// A mesh's identity: unique among the meshes of one controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -220,6 +223,12 @@ pub struct CastFrame {
     pub lost: Vec<u32>,
     /// The encoded message.
     pub payload: Bytes,
+    /// The messages of the casts that follow this one in its sender's order
+    /// (numbered on from `order.seq`), the same in every other field: a
+    /// sender's consecutive fire-and-forget casts to the same members, sent
+    /// as one frame and delivered in order (empty for a single cast). Never
+    /// with a `reply`, and at most [`MAX_BATCHED_CASTS`] casts in all.
+    pub more: Vec<Bytes>,
     /// How results come back; `None` for fire-and-forget.
     pub reply: Option<ReplyTo>,
     /// How to combine results.
@@ -250,7 +259,32 @@ impl CastFrame {
         {
             return Err("reducer name too long".into());
         }
+        if !self.more.is_empty() {
+            if self.more.len() >= MAX_BATCHED_CASTS {
+                return Err(format!(
+                    "{} casts in one frame (at most {MAX_BATCHED_CASTS})",
+                    self.more.len() + 1
+                ));
+            }
+            if self.reply.is_some() {
+                return Err("a batch of casts that wants results".into());
+            }
+            if self.order.seq.checked_add(self.more.len() as u64).is_none() {
+                return Err("a batch of casts numbered past the last number".into());
+            }
+        }
         Ok(())
+    }
+
+    /// The messages of the casts this frame carries, in their order.
+    pub fn payloads(&self) -> impl Iterator<Item = &Bytes> {
+        std::iter::once(&self.payload).chain(&self.more)
+    }
+
+    /// The number in its sender's order of the last cast this frame
+    /// carries (`order.seq` for a single cast; checked by `validate`).
+    pub fn last_seq(&self) -> u64 {
+        self.order.seq.saturating_add(self.more.len() as u64)
     }
 
     /// Checks a frame against the mesh as the receiving proc hosts it: this

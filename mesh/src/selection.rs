@@ -234,6 +234,19 @@ impl Selection {
         deepest
     }
 
+    /// Whether the members it picks depend on the evaluation seed (it has
+    /// an `any`). Without recursion, like [`Selection::depth`].
+    pub fn uses_seed(&self) -> bool {
+        let mut stack = vec![self];
+        while let Some(node) = stack.pop() {
+            if matches!(node, Selection::Any { .. }) {
+                return true;
+            }
+            node.for_each_operand(|child| stack.push(child));
+        }
+        false
+    }
+
     /// Calls `f` on each direct operand.
     fn for_each_operand<'a>(&'a self, mut f: impl FnMut(&'a Selection)) {
         match self {

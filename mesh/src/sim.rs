@@ -505,6 +505,7 @@ impl SimWorld {
             per_proc: info.per_proc,
             lost: Vec::new(),
             payload: encode(&7u64).map_err(err)?,
+            more: Vec::new(),
             // At the root, `reply` says results are wanted.
             reply: Some(crate::protocol::ReplyTo {
                 port: self.fabric.reply_port(),

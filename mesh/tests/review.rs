@@ -252,6 +252,7 @@ fn frame(info: &MeshInfo, origin: &ActorId, procs: (u32, u32), msg: &P) -> CastF
         per_proc: info.per_proc,
         lost: Vec::new(),
         payload: postcard::to_allocvec(msg).unwrap().into(),
+        more: Vec::new(),
         reply: None,
         collect: Collect::Gather,
         budget_ms: 5000,
@@ -877,7 +878,7 @@ mod hostile {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use proptest::prelude::*;
-    use regent_mesh::protocol::{MAX_BUDGET_MS, MAX_PER_PROC, MAX_PROCS};
+    use regent_mesh::protocol::{MAX_BATCHED_CASTS, MAX_BUDGET_MS, MAX_PER_PROC, MAX_PROCS};
 
     /// Panics anywhere in this process but in this file (where other tests
     /// inject theirs on purpose): a proc that panics on a frame shows here.
@@ -933,6 +934,8 @@ mod hostile {
         /// over the limit.
         pub(super) collect: u8,
         pub(super) reply: bool,
+        /// Casts batched behind the frame's own (the same message again).
+        pub(super) more: usize,
     }
 
     pub(super) const SELECTIONS: &[&str] = &[
@@ -1016,6 +1019,12 @@ mod hostile {
             budget,
             0u8..5,
             prop::bool::weighted(0.8),
+            prop_oneof![
+                6 => Just(0usize),
+                3 => 1usize..4,
+                1 => Just(MAX_BATCHED_CASTS - 1),
+                1 => Just(MAX_BATCHED_CASTS),
+            ],
         )
             .prop_map(
                 |(
@@ -1029,6 +1038,7 @@ mod hostile {
                     budget_ms,
                     collect,
                     reply,
+                    more,
                 )| Hostile {
                     target,
                     mesh_ok,
@@ -1043,6 +1053,7 @@ mod hostile {
                     budget_ms,
                     collect,
                     reply,
+                    more,
                 },
             )
     }
@@ -1104,12 +1115,14 @@ fn must_accept(info: &MeshInfo, h: &hostile::Hostile, frame: &CastFrame) -> bool
         && frame.lost.iter().all(|&p| p < info.proc_count())
         && frame.view.layout().max_rank() < info.members() as usize
         && !matches!(&frame.collect, Collect::Reduce(n) if n.len() > MAX_NAME_BYTES)
+        && frame.more.len() < regent_mesh::protocol::MAX_BATCHED_CASTS
+        && (frame.more.is_empty() || frame.reply.is_none())
         && frame.selection.bind(&frame.view, frame.seed).is_ok()
 }
 
 /// Hostile cast frames — random proc ranges, members per proc, views,
-/// selections, lost procs, budgets, collections, wrong meshes, generations
-/// and capabilities — sent to the procs of a live mesh from another proc of
+/// selections, lost procs, budgets, collections, batches, wrong meshes,
+/// generations and capabilities — sent to the procs of a live mesh from another proc of
 /// the cluster: no proc panics, no member outside a frame's range (or not
 /// selected by it) gets it, each frame is dropped or answered, an answer
 /// accounts for every member it may reach exactly once and names no other,
@@ -1163,6 +1176,7 @@ async fn hostile_frames_are_refused_or_answered_and_reach_no_member_outside_them
                 _ => Collect::Reduce("r".repeat(300)),
             };
             frame.reply = h.reply.then(|| o.reply_to(mark));
+            frame.more = vec![frame.payload.clone(); h.more];
             let reach = reachable(&info, &h, &frame);
             let accept = must_accept(&info, &h, &frame);
             let answered = h.reply && frame.validate().is_ok();

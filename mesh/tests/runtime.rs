@@ -255,6 +255,68 @@ async fn casts_from_one_sender_arrive_in_order_through_the_tree() {
     }
 }
 
+/// A flood of fire-and-forget casts from one sender, in runs to the same
+/// members, through a four-level tree: casts queued behind each other go
+/// down it as shared frames (the controller sends far fewer frames than
+/// casts), and every member still gets each of its casts once, in the
+/// order sent.
+///
+/// On a current-thread runtime the sender hands over casts until the
+/// caster's queue is full before the caster runs, so casts queue behind
+/// each other whatever the machine's load.
+#[tokio::test(flavor = "current_thread")]
+async fn fire_and_forget_casts_share_frames_and_arrive_once_in_order() {
+    let fanout = NonZeroU32::new(2).unwrap();
+    let (rt, _pm, mesh) = setup(9, 2, RuntimeConfig::default().fanout(fanout)).await;
+    let selections = [
+        Selection::All,
+        sel("procs=4..9"),
+        sel("procs=1..7,actors=1"),
+        sel("first(procs: *)"),
+    ];
+    const CASTS: u64 = 3_000;
+    let mut expected = vec![Vec::new(); 18];
+    // Runs of 1 to 150 casts to one selection.
+    let plan: Vec<&Selection> = (0u64..)
+        .flat_map(|run| {
+            let s = &selections[(run % selections.len() as u64) as usize];
+            std::iter::repeat_n(s, 1 + (run * 37 % 150) as usize)
+        })
+        .take(CASTS as usize)
+        .collect();
+    let before = rt.frames_sent();
+    for (i, s) in (0..CASTS).zip(plan) {
+        for r in s.eval(&mesh.shape(), 0).unwrap() {
+            expected[r.index()].push(i);
+        }
+        mesh.cast_nowait(s, &Op::Add(i)).await.unwrap();
+    }
+    let sent = rt.frames_sent() - before;
+    let hashes = mesh.call(&Selection::All, &Op::OrderHash).await.unwrap();
+    assert_eq!(hashes.len(), 18, "{:?}", hashes.failed());
+    let totals = mesh.call(&Selection::All, &Op::Total).await.unwrap();
+    for ((r, h), (_, total)) in hashes.values().iter().zip(totals.values()) {
+        let mine = &expected[r.index()];
+        assert_eq!(
+            *total,
+            10 + mine.iter().sum::<u64>(),
+            "rank {} did not get each of its {} casts exactly once",
+            r.0,
+            mine.len()
+        );
+        assert_eq!(
+            *h,
+            order_hash(mine),
+            "rank {} saw its casts out of order",
+            r.0
+        );
+    }
+    assert!(
+        sent < CASTS / 4,
+        "the controller sent {sent} frames for {CASTS} casts queued behind each other"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_reported_by_rank_and_nothing_hangs() {
     let config = RuntimeConfig::default().call_timeout(Duration::from_millis(1500));
@@ -378,6 +440,7 @@ async fn only_the_owner_controls_a_proc() {
             per_proc: 1,
             lost: Vec::new(),
             payload: postcard::to_allocvec(&Op::Add(add)).unwrap().into(),
+            more: Vec::new(),
             reply: None,
             collect: Collect::Ack,
             budget_ms: 1000,

@@ -28,7 +28,8 @@ use crate::entropy::Entropy;
 use crate::error::{MemberError, MembersFailed, MeshError};
 use crate::fabric::{Fabric, Pending};
 use crate::protocol::{
-    CastFrame, CastOrder, Collect, Contribution, MeshInfo, ReplyTo, decode, encode,
+    CastFrame, CastOrder, Collect, Contribution, MAX_BATCHED_CASTS, MeshInfo, ReplyTo, decode,
+    encode,
 };
 use crate::selection::Selection;
 use crate::shape::{Rank, Shape};
@@ -277,6 +278,19 @@ struct MeshCredit {
 }
 
 impl Credit {
+    /// Counts a fire-and-forget cast to `mesh` that joins an earlier one's
+    /// frame, if it is not to go out as a probe (then it is not counted:
+    /// it goes on its own, through [`Credit::count`]).
+    fn join(&mut self, mesh: crate::protocol::MeshId) -> bool {
+        match self.meshes.get_mut(&mesh) {
+            Some(credit) if credit.since + 1 < NOWAIT_PROBE_EVERY => {
+                credit.since += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Counts a fire-and-forget cast to `mesh`; when it is to go out as a
     /// probe, the permit it holds until acknowledged (waiting for one
     /// while `collecting` keeps collecting).
@@ -349,6 +363,11 @@ async fn run_caster(
             caster: incarnation,
             seq,
         };
+        if job.done.is_none() && probe.is_none() {
+            // The fire-and-forget casts taken behind it that go to the same
+            // members go with it, as one frame.
+            seq += taken.join(&mut job, &mut credit, fabric.max_frame_bytes());
+        }
         // Dispatch can wait (on a proc's flow control): the casts already
         // sent keep collecting and answering their callers meanwhile.
         let dispatch = std::pin::pin!(node::dispatch(
@@ -395,6 +414,63 @@ impl JobBatch {
         }
         self.jobs.pop()
     }
+}
+
+/// Bytes a cast batched into another's frame may add to it beyond its
+/// payload (the payload's length prefix), counted against the frame limit.
+const BATCHED_OVERHEAD_BYTES: usize = 16;
+
+impl JobBatch {
+    /// Moves into `first`'s frame ([`CastFrame::more`]) the jobs taken
+    /// right behind it that can share it: fire-and-forget casts to the same
+    /// members of the same mesh info (see [`batches_with`]), each counted
+    /// against the mesh's credit up to its next probe, which goes on its
+    /// own; within the frame limit and [`MAX_BATCHED_CASTS`]. Returns how
+    /// many joined. Only jobs already taken join, so no cast waits for
+    /// another: a sender that outruns the caster gets one frame, one
+    /// dispatch and one check at each proc per batch instead of per cast.
+    fn join(&mut self, first: &mut Job, credit: &mut Credit, max_frame_bytes: usize) -> u64 {
+        let mut bytes = first.cast.frame.payload.len() + FRAME_HEADROOM_BYTES;
+        let mut joined = 0;
+        while let Some(next) = self.jobs.last_mut() {
+            let adds = next.cast.frame.payload.len() + BATCHED_OVERHEAD_BYTES;
+            if first.cast.frame.more.len() + 1 >= MAX_BATCHED_CASTS
+                || next.done.is_some()
+                || bytes.saturating_add(adds) > max_frame_bytes
+                || !Arc::ptr_eq(&first.info, &next.info)
+                || !batches_with(&first.cast.frame, &next.cast.frame)
+                || !credit.join(first.info.id)
+            {
+                break;
+            }
+            bytes += adds;
+            let payload = std::mem::take(&mut next.cast.frame.payload);
+            first.cast.frame.more.push(payload);
+            self.jobs.pop();
+            joined += 1;
+        }
+        joined
+    }
+}
+
+/// Whether `next` may travel in `first`'s frame: both fire-and-forget and
+/// the same but for the message (and the seed, so the selection must not
+/// use it: `any` may pick other members for another seed).
+fn batches_with(first: &CastFrame, next: &CastFrame) -> bool {
+    first.reply.is_none()
+        && next.reply.is_none()
+        && first.mesh == next.mesh
+        && first.generation == next.generation
+        && first.token == next.token
+        && first.origin == next.origin
+        && first.procs == next.procs
+        && first.per_proc == next.per_proc
+        && first.collect == next.collect
+        && first.budget_ms == next.budget_ms
+        && first.lost == next.lost
+        && first.view == next.view
+        && first.selection == next.selection
+        && !first.selection.uses_seed()
 }
 
 /// Collects a dispatched cast's results and hands them to its caller, if
@@ -444,6 +520,7 @@ pub(crate) fn frame<M: Serialize>(
         per_proc: info.per_proc,
         lost: Vec::new(),
         payload: encode(msg).map_err(MeshError::Encode)?,
+        more: Vec::new(),
         reply: None,
         collect,
         budget_ms: u32::try_from(timeout.as_millis())

@@ -300,7 +300,17 @@ fn deliver(
     if crate::bugs::planted(crate::bugs::PlantedBug::DuplicateDelivery) {
         let _ = member.send_message(MemberMsg::user(frame.payload.clone(), None));
     }
-    match member.send_message(MemberMsg::user(frame.payload.clone(), reply)) {
+    let mut sent = member.send_message(MemberMsg::user(frame.payload.clone(), reply));
+    // The casts batched after it, in order (a batch never wants results:
+    // `CastFrame::validate`); a mailbox that closes fails the member for
+    // all of them alike.
+    for payload in &frame.more {
+        if sent.is_err() {
+            break;
+        }
+        sent = member.send_message(MemberMsg::user(payload.clone(), None));
+    }
+    match sent {
         Ok(()) => match rx {
             None => d.acc.ok += 1,
             Some(rx) => {

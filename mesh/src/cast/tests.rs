@@ -157,7 +157,16 @@ async fn fire_and_forget_casts_wait_for_credit_from_the_slowest_proc() {
         })
     };
     let window = (NOWAIT_PROBES as u64 + 1) * NOWAIT_PROBE_EVERY;
-    let sent = || fabric.frames.lock().unwrap().len() as u64;
+    // Casts, not frames: casts queued behind each other share a frame.
+    let sent = || {
+        fabric
+            .frames
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| 1 + f.more.len() as u64)
+            .sum::<u64>()
+    };
     settle().await;
     assert_eq!(
         sent(),
@@ -193,17 +202,90 @@ async fn fire_and_forget_casts_wait_for_credit_from_the_slowest_proc() {
     }
     sender.await.unwrap();
     let frames = fabric.frames.lock().unwrap();
-    // Every cast went out once, in order, each 256th as a probe.
-    for (i, f) in frames.iter().enumerate() {
-        let n = i as u64 + 1;
-        assert_eq!(f.order.seq, n);
-        assert_eq!(f.payload, crate::protocol::encode(&(n - 1)).unwrap());
-        assert_eq!(
-            f.reply.is_some(),
-            n.is_multiple_of(NOWAIT_PROBE_EVERY),
-            "cast {n}"
-        );
+    // Every cast went out once, in order, each 256th as a probe (alone).
+    let mut n = 0;
+    for f in frames.iter() {
+        assert_eq!(f.order.seq, n + 1, "a frame numbered out of order");
+        for payload in f.payloads() {
+            n += 1;
+            assert_eq!(payload, &crate::protocol::encode(&(n - 1)).unwrap());
+        }
+        assert_eq!(f.last_seq(), n);
+        let probe = n.is_multiple_of(NOWAIT_PROBE_EVERY);
+        assert_eq!(f.reply.is_some(), probe, "cast {n}");
+        assert!(!probe || f.more.is_empty(), "probe {n} went in a batch");
     }
+    assert_eq!(n, casts);
+    assert!(
+        frames.len() < casts as usize / 4,
+        "{} frames for {casts} casts queued behind each other",
+        frames.len()
+    );
+}
+
+/// Fire-and-forget casts queued behind each other travel as one frame
+/// only where the frame says the same of each but its message: the same
+/// members (a selection the seed does not decide) and mesh info, up to
+/// [`MAX_BATCHED_CASTS`] casts; a cast that waits for results, or goes to
+/// other members, or picks them by `any`, goes in a frame of its own, and
+/// every cast goes out once, numbered in the order handed over.
+#[tokio::test(start_paused = true)]
+async fn only_casts_to_the_same_members_share_a_frame() {
+    let (fabric, pending, caster) = recorded_caster(3);
+    let info = info(&fabric.peer);
+    let all = Selection::All;
+    let any: Selection = "any".parse().unwrap();
+    let first: Selection = "first".parse().unwrap();
+    // (selection, waits for results) of each cast, in order.
+    let mut plan: Vec<(&Selection, bool)> = Vec::new();
+    plan.extend(std::iter::repeat_n((&all, false), 100)); // two batches: 64 + 36
+    plan.push((&all, true)); // a call: alone
+    plan.extend(std::iter::repeat_n((&all, false), 3));
+    plan.extend(std::iter::repeat_n((&first, false), 2)); // other members
+    plan.extend(std::iter::repeat_n((&any, false), 3)); // one frame each
+    plan.extend(std::iter::repeat_n((&all, false), 2));
+    // All handed over before the caster's task runs: it takes them as they
+    // queued (in batches of its own of 64).
+    let mut waiting = Vec::new();
+    for (i, (selection, wait)) in plan.iter().enumerate() {
+        let f = frame(
+            &info,
+            None,
+            &caster,
+            selection,
+            &(i as u64),
+            Collect::Ack,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let cast = caster.cast(info.clone(), f, *wait);
+        if *wait {
+            // Handed over already; nobody answers it here.
+            waiting.push(cast);
+        } else {
+            cast.await.unwrap();
+        }
+    }
+    settle().await;
+    let frames = fabric.frames.lock().unwrap().clone();
+    let sizes: Vec<usize> = frames.iter().map(|f| 1 + f.more.len()).collect();
+    // The caster takes its queue 64 at a time, and joins only what it took.
+    assert_eq!(sizes, [64, 36, 1, 3, 2, 1, 1, 1, 2], "casts per frame");
+    let mut n = 0u64;
+    for f in &frames {
+        assert_eq!(f.order.seq, n + 1);
+        for payload in f.payloads() {
+            assert_eq!(payload, &crate::protocol::encode(&n).unwrap());
+            n += 1;
+        }
+        let (selection, wait) = plan[n as usize - 1];
+        assert_eq!(&f.selection, selection, "frame ending at cast {n}");
+        assert_eq!(f.reply.is_some(), wait);
+        f.validate().unwrap();
+    }
+    assert_eq!(n as usize, plan.len());
+    drop(waiting);
+    assert_eq!(pending.len(), 1, "the call waits for its answer");
 }
 
 /// The sender binds each frame once, with the seed the frame carries: what
@@ -329,4 +411,47 @@ fn a_bound_cast_holds_its_frame_on_the_heap() {
         bound < frame / 2,
         "a bound cast is {bound} bytes, its frame {frame}"
     );
+}
+
+/// What a proc refuses of a batch before it acts on one: results wanted
+/// (a batch is fire-and-forget), more than [`MAX_BATCHED_CASTS`] casts,
+/// or numbers past the last one.
+#[tokio::test]
+async fn a_batch_is_refused_with_a_reply_too_many_casts_or_no_numbers_left() {
+    use crate::protocol::{CastOrder, MAX_BATCHED_CASTS, ReplyTo};
+    let (fabric, _, caster) = recorded_caster(1);
+    let info = info(&fabric.peer);
+    let cast = frame(
+        &info,
+        None,
+        &caster,
+        &Selection::All,
+        &1u64,
+        Collect::Ack,
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let batch = |casts: usize, seq: u64, reply: bool| {
+        let mut f = CastFrame::clone(&cast.frame);
+        f.more = vec![f.payload.clone(); casts - 1];
+        f.order = CastOrder { caster: 9, seq };
+        f.reply = reply.then(|| ReplyTo {
+            port: fabric.reply_port(),
+            call: 1,
+        });
+        f.validate()
+    };
+    assert_eq!(batch(1, 1, true), Ok(()), "one cast may want results");
+    assert_eq!(batch(2, 1, false), Ok(()));
+    assert_eq!(batch(MAX_BATCHED_CASTS, u64::MAX - 63, false), Ok(()));
+    for (casts, seq, reply) in [
+        (2, 1, true),
+        (MAX_BATCHED_CASTS + 1, 1, false),
+        (3, u64::MAX - 1, false),
+    ] {
+        assert!(
+            batch(casts, seq, reply).is_err(),
+            "{casts} casts from {seq}, reply {reply}"
+        );
+    }
 }

@@ -674,7 +674,8 @@ struct Order {
 }
 
 impl Order {
-    /// Whether `frame` comes after a later cast of its sender was served.
+    /// Whether `frame` comes after a later cast of its sender was served
+    /// (a batch, when its first cast does).
     fn is_stale(&self, frame: &CastFrame) -> bool {
         if crate::bugs::planted(crate::bugs::PlantedBug::UnorderedCasts) {
             return false;
@@ -686,7 +687,7 @@ impl Order {
                 .is_some_and(|(origin, seq, _)| *origin == frame.origin && frame.order.seq <= *seq)
     }
 
-    /// Records that `frame` is served.
+    /// Records that `frame` is served (a batch: up to its last cast).
     fn served(&mut self, frame: &CastFrame) {
         if frame.order.seq == 0 {
             return;
@@ -696,7 +697,7 @@ impl Order {
         if let Some((origin, seq, when)) = self.last.get_mut(&frame.order.caster)
             && *origin == frame.origin
         {
-            *seq = (*seq).max(frame.order.seq);
+            *seq = (*seq).max(frame.last_seq());
             *when = at;
             return;
         }
@@ -712,7 +713,7 @@ impl Order {
         }
         self.last.insert(
             frame.order.caster,
-            (frame.origin.clone(), frame.order.seq, at),
+            (frame.origin.clone(), frame.last_seq(), at),
         );
     }
 }
@@ -903,5 +904,55 @@ mod tests {
             serving < work + work / 2,
             "serving holds {serving} bytes for {work} bytes of work"
         );
+    }
+
+    /// A frame of casts `seq..seq + batched` of caster 7.
+    fn numbered(seq: u64, batched: usize) -> CastFrame {
+        let origin = regent_net::ActorId {
+            proc: regent_net::ProcId::new("controller").unwrap(),
+            name: regent_net::ActorName::new("controller").unwrap(),
+            index: 0,
+        };
+        CastFrame {
+            mesh: crate::protocol::MeshId(1),
+            generation: regent_net::Generation(0),
+            token: crate::protocol::CastToken(1),
+            origin,
+            order: crate::protocol::CastOrder { caster: 7, seq },
+            view: crate::shape::Shape::new([("procs", 1)]).unwrap(),
+            selection: crate::selection::Selection::All,
+            seed: 0,
+            procs: (0, 1),
+            per_proc: 1,
+            lost: Vec::new(),
+            payload: bytes::Bytes::new(),
+            more: vec![bytes::Bytes::new(); batched - 1],
+            reply: None,
+            collect: crate::protocol::Collect::Ack,
+            budget_ms: 1000,
+        }
+    }
+
+    /// A batch of casts takes its sender's order up to its last cast: a
+    /// later frame that repeats any of its casts, or a batch that starts
+    /// before its end, is stale; what follows it is not.
+    #[test]
+    fn a_served_batch_orders_its_sender_up_to_its_last_cast() {
+        let mut order = Order::default();
+        let batch = numbered(5, 4); // casts 5..=8
+        assert!(!order.is_stale(&batch));
+        order.served(&batch);
+        for (seq, batched) in [(5, 1), (8, 1), (2, 4), (7, 3), (8, 2)] {
+            assert!(
+                order.is_stale(&numbered(seq, batched)),
+                "casts {seq}..{} after 5..=8",
+                seq + batched as u64
+            );
+        }
+        assert!(!order.is_stale(&numbered(9, 1)));
+        assert!(!order.is_stale(&numbered(9, 30)));
+        order.served(&numbered(9, 30));
+        assert!(order.is_stale(&numbered(38, 1)));
+        assert!(!order.is_stale(&numbered(39, 1)));
     }
 }

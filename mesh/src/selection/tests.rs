@@ -933,3 +933,32 @@ proptest! {
         prop_assert_eq!(full.ones().collect::<Vec<_>>(), (0..len).collect::<Vec<_>>());
     }
 }
+
+proptest! {
+    /// A selection that says it does not use the seed picks the same
+    /// members for every seed (casts batched into one frame share the
+    /// first one's seed), and one with an `any` says it does.
+    #[test]
+    fn a_selection_without_any_picks_the_same_for_every_seed(
+        (shape, selection) in shape_and_selection(),
+        seeds in (any::<u64>(), any::<u64>()),
+    ) {
+        prop_assert_eq!(selection.uses_seed(), selection.to_string().contains("any"));
+        if !selection.uses_seed() {
+            prop_assert_eq!(
+                selection.eval(&shape, seeds.0).ok(),
+                selection.eval(&shape, seeds.1).ok()
+            );
+        }
+    }
+}
+
+#[test]
+fn any_anywhere_uses_the_seed() {
+    for text in ["any", "procs=1 | any(gpus: *)", "first(any(hosts=0..2))"] {
+        assert!(sel(text).uses_seed(), "{text}");
+    }
+    for text in ["*", "none", "hosts=1", "first(gpus: *) & hosts=0"] {
+        assert!(!sel(text).uses_seed(), "{text}");
+    }
+}
