@@ -59,6 +59,11 @@ pub struct WorkloadConfig {
     pub call_interval: Duration,
     /// Each call's deadline. Default 4 s.
     pub call_deadline: Duration,
+    /// Fire-and-forget casts the caster hands over right before each
+    /// acknowledged one: queued together, they travel as one frame (a
+    /// batch), in the same sender's order as the acknowledged casts, and
+    /// face every fault as they do. Default 3.
+    pub fire_and_forget: u32,
 }
 
 impl WorkloadConfig {
@@ -78,6 +83,7 @@ impl Default for WorkloadConfig {
             casts_in_flight: NonZeroU32::new(16).unwrap_or(NonZeroU32::MIN),
             call_interval: Duration::from_millis(100),
             call_deadline: Duration::from_secs(4),
+            fire_and_forget: 3,
         }
     }
 }
@@ -696,7 +702,8 @@ fn cast_returned(
 
 /// Casts numbered records to every member until told to stop, starting one
 /// every `interval` while fewer than `in_flight` wait for their
-/// acknowledgements; when stopped, waits for those in flight.
+/// acknowledgements, each right after `fire_and_forget` casts that wait for
+/// nothing; when stopped, waits for those in flight.
 ///
 /// Each cast is polled once as soon as it is made, so that it has started
 /// (and taken its place in the sender's order) before the next is made:
@@ -707,6 +714,7 @@ pub(crate) async fn caster(
     ledger: Arc<Mutex<Ledger>>,
     interval: Duration,
     in_flight: NonZeroU32,
+    fire_and_forget: u32,
     mut stop: watch::Receiver<bool>,
 ) {
     let room = in_flight.get() as usize;
@@ -723,6 +731,9 @@ pub(crate) async fn caster(
         tokio::select! {
             biased;
             () = tokio::time::sleep_until(next), if may_start => {
+                for _ in 0..fire_and_forget {
+                    stopping |= cast_nowait(&mesh, &seq, &ledger).await;
+                }
                 let n = seq.fetch_add(1, Ordering::Relaxed);
                 let g0 = mesh.generation().0;
                 let m = mesh.clone();
@@ -743,6 +754,28 @@ pub(crate) async fn caster(
             _ = stop.changed(), if !stopping => stopping = true,
         }
     }
+}
+
+/// Hands a numbered record to the tree for every member without waiting for
+/// any (acknowledged by none, so checked for order, duplicates and fencing
+/// only); returns whether the mesh is done.
+async fn cast_nowait(mesh: &ActorMesh<Tally>, seq: &AtomicU64, ledger: &Mutex<Ledger>) -> bool {
+    let n = seq.fetch_add(1, Ordering::Relaxed);
+    let gen_lo = mesh.generation().0;
+    let msg = TallyMsg::Record {
+        seq: n,
+        sender: Sender::CASTER,
+    };
+    let r = mesh.cast_nowait(&Selection::All, &msg).await;
+    // The frame addressed the generation read when it was handed over.
+    lock(ledger).sends.push(SendRecord {
+        seq: n,
+        gen_lo,
+        gen_hi: mesh.generation().0,
+        call: false,
+        acked: Acked::None,
+    });
+    matches!(r, Err(MeshError::Stopped(_)))
 }
 
 /// Calls every member with numbered records until told to stop, timing
@@ -1016,6 +1049,7 @@ pub async fn run_with(
                 ledger.clone(),
                 scenario.workload.cast_interval,
                 scenario.workload.casts_in_flight,
+                scenario.workload.fire_and_forget,
                 stop_rx.clone(),
             )),
             tokio::spawn(caller(

@@ -103,6 +103,7 @@ impl Default for SimConfig {
                 casts_in_flight: NonZeroU32::new(8).unwrap_or(NonZeroU32::MIN),
                 call_interval: Duration::from_millis(100),
                 call_deadline: Duration::from_secs(4),
+                fire_and_forget: 2,
             },
             fanout: None,
             failure_timeout: Duration::from_secs(1),
@@ -339,6 +340,7 @@ async fn play_round(
             ledger.clone(),
             config.workload.cast_interval,
             config.workload.casts_in_flight,
+            config.workload.fire_and_forget,
             stop_rx.clone(),
         )),
         tokio::spawn(caller(
