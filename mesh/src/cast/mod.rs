@@ -5,7 +5,8 @@
 //! - [`Caster`]: the root of one sender's casts. Frames are dispatched by one
 //!   task in the order they were handed over, so casts from one sender keep
 //!   their order at every member however many are in flight; results are
-//!   collected beside it.
+//!   collected beside it. Fire-and-forget casts queued behind each other to
+//!   the same members share a frame (`JobBatch::join`).
 //! - The outcome of every operation lists what succeeded and what failed the
 //!   same way: [`Delivered`] (a cast), [`ValueMesh`] (a call), [`Reduced`] (a
 //!   reduction) — each with `failed()`, `is_complete()` and `into_result()`.
@@ -58,6 +59,10 @@ const CREDIT_MESHES: usize = 1024;
 /// Bytes a cast frame needs beyond its payload (selection, view, lost procs
 /// and the envelope), checked against the frame limit before sending.
 const FRAME_HEADROOM_BYTES: usize = 4096;
+
+/// Bytes a cast batched into another's frame may add to it beyond its
+/// payload (the payload's length prefix), counted against the frame limit.
+const BATCHED_OVERHEAD_BYTES: usize = 16;
 
 struct Job {
     info: Arc<MeshInfo>,
@@ -414,13 +419,7 @@ impl JobBatch {
         }
         self.jobs.pop()
     }
-}
 
-/// Bytes a cast batched into another's frame may add to it beyond its
-/// payload (the payload's length prefix), counted against the frame limit.
-const BATCHED_OVERHEAD_BYTES: usize = 16;
-
-impl JobBatch {
     /// Moves into `first`'s frame ([`CastFrame::more`]) the jobs taken
     /// right behind it that can share it: fire-and-forget casts to the same
     /// members of the same mesh info (see [`batches_with`]), each counted
