@@ -97,6 +97,32 @@ async fn setup(
     (rt, pm, mesh)
 }
 
+/// Every member of `mesh` (started at 10) got the values of `expected`
+/// (by rank) added, each once and in that order. A call is one more cast
+/// of the same sender, so it reaches each member after every cast before
+/// it, fire-and-forget ones included.
+async fn assert_each_got_its_casts_once_in_order(mesh: &ActorMesh<Counter>, expected: &[Vec<u64>]) {
+    let hashes = mesh.call(&Selection::All, &Op::OrderHash).await.unwrap();
+    assert_eq!(hashes.len(), expected.len(), "{:?}", hashes.failed());
+    let totals = mesh.call(&Selection::All, &Op::Total).await.unwrap();
+    for ((r, h), (_, total)) in hashes.values().iter().zip(totals.values()) {
+        let mine = &expected[r.index()];
+        assert_eq!(
+            *total,
+            10 + mine.iter().sum::<u64>(),
+            "rank {} did not get each of its {} casts exactly once",
+            r.0,
+            mine.len()
+        );
+        assert_eq!(
+            *h,
+            order_hash(mine),
+            "rank {} saw its casts out of order",
+            r.0
+        );
+    }
+}
+
 fn sel(text: &str) -> Selection {
     text.parse().unwrap()
 }
@@ -232,27 +258,7 @@ async fn casts_from_one_sender_arrive_in_order_through_the_tree() {
     {
         r.unwrap_or_else(|e| panic!("cast {i} failed: {e}"));
     }
-    // The call is one more cast of the same sender: it reaches each member
-    // after every cast before it, the fire-and-forget ones included.
-    let hashes = mesh.call(&Selection::All, &Op::OrderHash).await.unwrap();
-    assert_eq!(hashes.len(), 18, "{:?}", hashes.failed());
-    let totals = mesh.call(&Selection::All, &Op::Total).await.unwrap();
-    for ((r, h), (_, total)) in hashes.values().iter().zip(totals.values()) {
-        let mine = &expected[r.index()];
-        assert_eq!(
-            *total,
-            10 + mine.iter().sum::<u64>(),
-            "rank {} did not get each of its {} casts exactly once",
-            r.0,
-            mine.len()
-        );
-        assert_eq!(
-            *h,
-            order_hash(mine),
-            "rank {} saw its casts out of order",
-            r.0
-        );
-    }
+    assert_each_got_its_casts_once_in_order(&mesh, &expected).await;
 }
 
 /// A flood of fire-and-forget casts from one sender, in runs to the same
@@ -292,25 +298,7 @@ async fn fire_and_forget_casts_share_frames_and_arrive_once_in_order() {
         mesh.cast_nowait(s, &Op::Add(i)).await.unwrap();
     }
     let sent = rt.frames_sent() - before;
-    let hashes = mesh.call(&Selection::All, &Op::OrderHash).await.unwrap();
-    assert_eq!(hashes.len(), 18, "{:?}", hashes.failed());
-    let totals = mesh.call(&Selection::All, &Op::Total).await.unwrap();
-    for ((r, h), (_, total)) in hashes.values().iter().zip(totals.values()) {
-        let mine = &expected[r.index()];
-        assert_eq!(
-            *total,
-            10 + mine.iter().sum::<u64>(),
-            "rank {} did not get each of its {} casts exactly once",
-            r.0,
-            mine.len()
-        );
-        assert_eq!(
-            *h,
-            order_hash(mine),
-            "rank {} saw its casts out of order",
-            r.0
-        );
-    }
+    assert_each_got_its_casts_once_in_order(&mesh, &expected).await;
     assert!(
         sent < CASTS / 4,
         "the controller sent {sent} frames for {CASTS} casts queued behind each other"
