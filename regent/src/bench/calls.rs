@@ -28,7 +28,11 @@
 //!   `net.one_way` measures); a call is two messages.
 //! - `cast_nowait_rate`: fire-and-forget casts per second to that member
 //!   (until it has them all: a call after them, FIFO per sender, returns
-//!   its count), against the same `control_one_way`.
+//!   its count), against the same `control_one_way`. The sender hands them
+//!   over as fast as it can, so the caster finds them queued and sends
+//!   them in shared frames (up to 64 casts each, docs/semantics.md §4.3),
+//!   as it would for any sender that outruns it; a sender that waits for
+//!   each cast pays a frame per cast.
 //! - `pipelined_call_cpu` and `cast_nowait_cpu`: the CPU time per call and
 //!   per cast of those runs, summed over the controller's process and the
 //!   member's proc (every thread, from the scheduler's own counts), against
