@@ -429,12 +429,17 @@ impl JobBatch {
     /// another: a sender that outruns the caster gets one frame, one
     /// dispatch and one check at each proc per batch instead of per cast.
     fn join(&mut self, first: &mut Job, credit: &mut Credit, max_frame_bytes: usize) -> u64 {
+        // A batch carries its first cast's seed, and `any` may pick other
+        // members for another cast's: such a selection never batches.
+        // Checked once per frame, not once per cast that would join.
+        if first.cast.frame.selection.uses_seed() {
+            return 0;
+        }
         let mut bytes = first.cast.frame.payload.len() + FRAME_HEADROOM_BYTES;
         let mut joined = 0;
         while let Some(next) = self.jobs.last_mut() {
             let adds = next.cast.frame.payload.len() + BATCHED_OVERHEAD_BYTES;
             if first.cast.frame.more.len() + 1 >= MAX_BATCHED_CASTS
-                || next.done.is_some()
                 || bytes.saturating_add(adds) > max_frame_bytes
                 || !Arc::ptr_eq(&first.info, &next.info)
                 || !batches_with(&first.cast.frame, &next.cast.frame)
@@ -452,9 +457,10 @@ impl JobBatch {
     }
 }
 
-/// Whether `next` may travel in `first`'s frame: both fire-and-forget and
-/// the same but for the message (and the seed, so the selection must not
-/// use it: `any` may pick other members for another seed).
+/// Whether `next` may travel in `first`'s frame: both fire-and-forget (a
+/// cast handed over to wait for results has a `reply` from the start) and
+/// the same but for the message and the seed (which [`JobBatch::join`]
+/// lets differ only for a selection that does not use it).
 fn batches_with(first: &CastFrame, next: &CastFrame) -> bool {
     first.reply.is_none()
         && next.reply.is_none()
@@ -469,7 +475,6 @@ fn batches_with(first: &CastFrame, next: &CastFrame) -> bool {
         && first.lost == next.lost
         && first.view == next.view
         && first.selection == next.selection
-        && !first.selection.uses_seed()
 }
 
 /// Collects a dispatched cast's results and hands them to its caller, if
