@@ -403,6 +403,10 @@ async fn run_caster(
 /// The most jobs the caster takes from its channel at once.
 const JOB_BATCH: usize = 64;
 
+// A batch is at most the jobs taken at once (`JobBatch::join` looks at no
+// other), so it never holds more casts than a proc takes in one frame.
+const _: () = assert!(JOB_BATCH <= MAX_BATCHED_CASTS);
+
 /// Jobs taken from the caster's channel, in order.
 #[derive(Default)]
 struct JobBatch {
@@ -424,7 +428,8 @@ impl JobBatch {
     /// right behind it that can share it: fire-and-forget casts to the same
     /// members of the same mesh info (see [`batches_with`]), each counted
     /// against the mesh's credit up to its next probe, which goes on its
-    /// own; within the frame limit and [`MAX_BATCHED_CASTS`]. Returns how
+    /// own; within the frame limit (and [`MAX_BATCHED_CASTS`], as it looks
+    /// at no more than [`JOB_BATCH`] jobs taken at once). Returns how
     /// many joined. Only jobs already taken join, so no cast waits for
     /// another: a sender that outruns the caster gets one frame, one
     /// dispatch and one check at each proc per batch instead of per cast.
@@ -439,8 +444,7 @@ impl JobBatch {
         let mut joined = 0;
         while let Some(next) = self.jobs.last_mut() {
             let adds = next.cast.frame.payload.len() + BATCHED_OVERHEAD_BYTES;
-            if first.cast.frame.more.len() + 1 >= MAX_BATCHED_CASTS
-                || bytes.saturating_add(adds) > max_frame_bytes
+            if bytes.saturating_add(adds) > max_frame_bytes
                 || !Arc::ptr_eq(&first.info, &next.info)
                 || !batches_with(&first.cast.frame, &next.cast.frame)
                 || !credit.join(first.info.id)

@@ -226,9 +226,10 @@ async fn fire_and_forget_casts_wait_for_credit_from_the_slowest_proc() {
 /// Fire-and-forget casts queued behind each other travel as one frame
 /// only where the frame says the same of each but its message: the same
 /// members (a selection the seed does not decide) and mesh info, up to
-/// [`MAX_BATCHED_CASTS`] casts; a cast that waits for results, or goes to
-/// other members, or picks them by `any`, goes in a frame of its own, and
-/// every cast goes out once, numbered in the order handed over.
+/// the 64 jobs the caster takes at once; a cast that waits for results,
+/// or goes to other members, or picks them by `any`, goes in a frame of
+/// its own, and every cast goes out once, numbered in the order handed
+/// over.
 #[tokio::test(start_paused = true)]
 async fn only_casts_to_the_same_members_share_a_frame() {
     let (fabric, pending, caster) = recorded_caster(3);
