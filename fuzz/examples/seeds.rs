@@ -439,6 +439,14 @@ fn mesh(out: &mut Seeds) {
             ProcCommand::Cast(cast(Collect::Gather, "hosts=0..2, actors=1", true)),
         ),
         (
+            // Calls batched into one frame: each answers its own number.
+            "cast-call-batch",
+            ProcCommand::Cast(CastFrame {
+                more: vec![Bytes::from_static(b"\x01\x03next")],
+                ..cast(Collect::Gather, "hosts=1", true)
+            }),
+        ),
+        (
             "cast-reduce",
             ProcCommand::Cast(cast(
                 Collect::Reduce("regent/sum".into()),
@@ -512,6 +520,27 @@ fn mesh(out: &mut Seeds) {
                 ],
                 ok: 2,
             }),
+        ),
+        (
+            // The results of two calls of one batch, together.
+            "contributions",
+            ReplyBody::Casts(vec![
+                (
+                    0,
+                    Contribution {
+                        values: vec![(4, Bytes::from_static(b"a"))],
+                        ok: 1,
+                        ..Contribution::default()
+                    },
+                ),
+                (
+                    2,
+                    Contribution {
+                        failed: vec![(4, MemberError::Timeout)],
+                        ..Contribution::default()
+                    },
+                ),
+            ]),
         ),
     ];
     let failure = MeshFailure {

@@ -18,8 +18,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::protocol::{
-    Contribution, MemberExited, MeshId, MeshInfo, ProcCommand, ProcReply, ReplyBody, SpawnChild,
-    names,
+    Contribution, MAX_BATCHED_CASTS, MemberExited, MeshId, MeshInfo, ProcCommand, ProcReply,
+    ReplyBody, SpawnChild, names,
 };
 
 /// Why a frame could not be handed to the control plane.
@@ -241,6 +241,18 @@ impl Pending {
         call
     }
 
+    /// Registers `waiters` under consecutive numbers (the children's
+    /// results of the casts of one batch, whose `i`-th answers the first
+    /// number plus `i`); returns the first.
+    pub(crate) fn register_block(&self, waiters: impl ExactSizeIterator<Item = Waiter>) -> u64 {
+        let first = self.next.fetch_add(waiters.len() as u64, Ordering::Relaxed);
+        let mut calls = self.calls.lock().expect("pending calls lock");
+        for (call, waiter) in (first..).zip(waiters) {
+            calls.insert(call, waiter);
+        }
+        first
+    }
+
     /// Registers a request (spawn, stop) to `from` and returns its number
     /// and answer.
     pub(crate) fn request(&self, from: &ProcId) -> (u64, oneshot::Receiver<ReplyBody>) {
@@ -278,6 +290,34 @@ impl Pending {
     /// dropped.
     pub(crate) fn resolve(&self, call: u64, body: ReplyBody, sender: &ProcId) {
         let mut calls = self.calls.lock().expect("pending calls lock");
+        if let ReplyBody::Casts(results) = body {
+            if results.len() > MAX_BATCHED_CASTS {
+                tracing::warn!(call, from = %sender, "an answer for more casts than a batch holds dropped");
+                return;
+            }
+            for (i, c) in results {
+                let Some(call) = call
+                    .checked_add(u64::from(i))
+                    .filter(|_| (i as usize) < MAX_BATCHED_CASTS)
+                else {
+                    tracing::warn!(call, from = %sender, "an answer outside its batch dropped");
+                    continue;
+                };
+                match calls.get(&call) {
+                    Some(w) if w.from() != sender => {
+                        tracing::warn!(call, from = %sender, "an answer from another proc than the one asked dropped");
+                    }
+                    Some(Waiter::Child { .. }) => {
+                        if let Some(Waiter::Child { results, index, .. }) = calls.remove(&call) {
+                            let _ = results.unbounded_send((index, ChildResult::Done(c)));
+                        }
+                    }
+                    Some(_) => tracing::warn!(call, "answer of the wrong kind dropped"),
+                    None => tracing::debug!(call, "late or unknown answer dropped"),
+                }
+            }
+            return;
+        }
         if calls.get(&call).is_some_and(|w| w.from() != sender) {
             tracing::warn!(call, from = %sender, "an answer from another proc than the one asked dropped");
             return;

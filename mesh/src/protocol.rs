@@ -225,9 +225,11 @@ pub struct CastFrame {
     pub payload: Bytes,
     /// The messages of the casts that follow this one in its sender's order
     /// (numbered on from `order.seq`), the same in every other field: a
-    /// sender's consecutive fire-and-forget casts to the same members, sent
-    /// as one frame and delivered in order (empty for a single cast). Never
-    /// with a `reply`, and at most [`MAX_BATCHED_CASTS`] casts in all.
+    /// sender's consecutive casts to the same members, all fire-and-forget
+    /// or all waiting for results, sent as one frame and delivered in order
+    /// (empty for a single cast). With a `reply`, each cast has its own
+    /// results: the `i`-th (from 0, this frame's own) answers call
+    /// `reply.call + i`. At most [`MAX_BATCHED_CASTS`] casts in all.
     pub more: Vec<Bytes>,
     /// How results come back; `None` for fire-and-forget.
     pub reply: Option<ReplyTo>,
@@ -266,8 +268,10 @@ impl CastFrame {
                     self.more.len() + 1
                 ));
             }
-            if self.reply.is_some() {
-                return Err("a batch of casts that wants results".into());
+            if let Some(reply) = &self.reply
+                && reply.call.checked_add(self.more.len() as u64).is_none()
+            {
+                return Err("a batch of casts answered past the last call number".into());
             }
             if self.order.seq.checked_add(self.more.len() as u64).is_none() {
                 return Err("a batch of casts numbered past the last number".into());
@@ -689,6 +693,10 @@ pub enum ReplyBody {
     Cast(Contribution),
     /// What came of a relayed command in a subtree.
     Relayed(RelayOutcome),
+    /// Whole results of casts of one batch ([`CastFrame::more`]) that were
+    /// in together, each with its place in the batch: the one at `i`
+    /// answers call `call + i`. At most [`MAX_BATCHED_CASTS`] of them.
+    Casts(Vec<(u32, Contribution)>),
 }
 
 impl Message for ProcReply {

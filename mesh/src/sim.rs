@@ -519,7 +519,8 @@ impl SimWorld {
     /// Casts through the tree from the root and collects the result.
     async fn cast(&self, info: &MeshInfo, frame: &CastFrame) -> Contribution {
         let cast = node::Bound::new(frame.clone()).expect("the simulation's selections bind");
-        let d = node::dispatch(&self.fabric, &self.root_pending, info, &cast, None).await;
+        let mut ds = node::dispatch(&self.fabric, &self.root_pending, info, &cast, None).await;
+        let d = ds.pop().expect("a single cast");
         node::collect(&self.root_pending, d).await
     }
 
@@ -533,7 +534,8 @@ impl SimWorld {
         frame.origin.proc = me.clone();
         let fabric = SimFabric::new(&self.world, me);
         let cast = node::Bound::new(frame).expect("the simulation's selections bind");
-        let d = node::dispatch(&fabric, &pending, info, &cast, None).await;
+        let mut ds = node::dispatch(&fabric, &pending, info, &cast, None).await;
+        let d = ds.pop().expect("a single cast");
         node::collect(&pending, d).await
     }
 
@@ -605,7 +607,9 @@ pub async fn simulate(
         &node::Bound::new(sim.frame(&info, Collect::Ack, budget)?).map_err(err)?,
         None,
     )
-    .await;
+    .await
+    .pop()
+    .expect("a single cast");
     let controller_frames = fabric.sent.load(Ordering::Relaxed) - sent_before;
     let acked = node::collect(&sim.root_pending, d).await;
     let cast = t.elapsed();

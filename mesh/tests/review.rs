@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use regent_mesh::inproc::InProcAllocator;
 use regent_mesh::protocol::{
-    CastFrame, CastOrder, CastToken, Collect, Contribution, MeshInfo, ProcCommand, ProcReply,
-    ReplyBody, ReplyTo,
+    CastFrame, CastOrder, CastToken, Collect, Contribution, MAX_BATCHED_CASTS, MeshInfo,
+    ProcCommand, ProcReply, ReplyBody, ReplyTo,
 };
 use regent_mesh::{
     ActorError, ActorMesh, Decision, FailureCause, Member, MemberError, MeshActor, MeshError,
@@ -1115,8 +1115,7 @@ fn must_accept(info: &MeshInfo, h: &hostile::Hostile, frame: &CastFrame) -> bool
         && frame.lost.iter().all(|&p| p < info.proc_count())
         && frame.view.layout().max_rank() < info.members() as usize
         && !matches!(&frame.collect, Collect::Reduce(n) if n.len() > MAX_NAME_BYTES)
-        && frame.more.len() < regent_mesh::protocol::MAX_BATCHED_CASTS
-        && (frame.more.is_empty() || frame.reply.is_none())
+        && frame.more.len() < MAX_BATCHED_CASTS
         && frame.selection.bind(&frame.view, frame.seed).is_ok()
 }
 
@@ -1150,7 +1149,8 @@ async fn hostile_frames_are_refused_or_answered_and_reach_no_member_outside_them
     let handle = tokio::runtime::Handle::current();
     let case = |h: hostile::Hostile| -> Result<(), TestCaseError> {
         handle.block_on(async {
-            let mark = next.fetch_add(1, Ordering::SeqCst);
+            // Each case's casts answer calls from its mark on: apart.
+            let mark = next.fetch_add(MAX_BATCHED_CASTS as u64, Ordering::SeqCst);
             let mut o = outsider.lock().await;
             let mut frame = frame(&info, &o.actor, h.procs, &P::Mark(mark));
             if !h.mesh_ok {
@@ -1194,30 +1194,48 @@ async fn hostile_frames_are_refused_or_answered_and_reach_no_member_outside_them
             let mut sentinel = regent_mesh_frame(&info, &o.actor, h.target, sentinel_mark);
             sentinel.reply = Some(o.reply_to(sentinel_mark));
             o.send(target, ProcCommand::Cast(sentinel)).await;
-            let mut got_answer = None;
+            // Each cast of the frame is answered once (several in one
+            // reply, or one each), under its own call number.
+            let casts = 1 + frame.more.len() as u64;
+            let mut answers = std::collections::BTreeMap::new();
             let mut got_sentinel = false;
-            while (answered && got_answer.is_none()) || !got_sentinel {
+            while (answered && (answers.len() as u64) < casts) || !got_sentinel {
                 let Some(reply) = o.answer(Duration::from_secs(15)).await else {
                     return Err(TestCaseError::fail(format!(
-                        "no answer (frame answered: {}, sentinel: {got_sentinel})",
-                        got_answer.is_some()
+                        "no answer (casts answered: {} of {casts}, sentinel: {got_sentinel})",
+                        answers.len()
                     )));
                 };
                 if reply.call == sentinel_mark {
                     got_sentinel = true;
-                } else if reply.call == mark && answered && got_answer.is_none() {
-                    got_answer = Some(reply);
-                } else {
-                    return Err(TestCaseError::fail(format!(
-                        "an unexpected answer: {reply:?}"
-                    )));
+                    continue;
+                }
+                let placed: Vec<(u64, Contribution)> = match reply.body {
+                    ReplyBody::Cast(c)
+                        if answered && (mark..mark + casts).contains(&reply.call) =>
+                    {
+                        vec![(reply.call - mark, c)]
+                    }
+                    ReplyBody::Casts(cs) if answered && reply.call == mark => {
+                        cs.into_iter().map(|(i, c)| (u64::from(i), c)).collect()
+                    }
+                    body => {
+                        return Err(TestCaseError::fail(format!(
+                            "an unexpected answer to call {}: {body:?}",
+                            reply.call
+                        )));
+                    }
+                };
+                for (i, c) in placed {
+                    if i >= casts || answers.insert(i, c).is_some() {
+                        return Err(TestCaseError::fail(format!(
+                            "cast {i} of {casts} answered again, or outside the frame"
+                        )));
+                    }
                 }
             }
-            if let Some(reply) = got_answer {
-                let ReplyBody::Cast(c) = reply.body else {
-                    return Err(TestCaseError::fail(format!("{reply:?}")));
-                };
-                check_answer(&info, &frame, &reach, accept, &c)?;
+            for c in answers.values() {
+                check_answer(&info, &frame, &reach, accept, c)?;
             }
             drop(o);
             // No member outside the frame's reach got it (earlier frames'

@@ -305,6 +305,95 @@ async fn fire_and_forget_casts_share_frames_and_arrive_once_in_order() {
     );
 }
 
+/// Calls from one sender handed over together, in runs to the same
+/// members, through a four-level tree: calls queued behind each other go
+/// down it as shared frames, and each call gets its own replies — every
+/// selected member's total right after that call's addition, so a reply
+/// answered to a neighbour's call, or a call served out of order, shows.
+///
+/// On a current-thread runtime every call is handed over before the
+/// caster runs (`join_all` polls them all first), so they queue behind
+/// each other whatever the machine's load.
+#[tokio::test(flavor = "current_thread")]
+async fn calls_queued_together_share_frames_and_each_gets_its_own_replies() {
+    let fanout = NonZeroU32::new(2).unwrap();
+    let (rt, _pm, mesh) = setup(9, 2, RuntimeConfig::default().fanout(fanout)).await;
+    let selections = [
+        Selection::All,
+        sel("procs=4..9"),
+        sel("procs=1..7,actors=1"),
+        sel("procs=8,actors=0"),
+    ];
+    const CALLS: u64 = 600;
+    // Runs of 1 to 90 calls to one selection.
+    let plan: Vec<&Selection> = (0u64..)
+        .flat_map(|run| {
+            let s = &selections[(run % selections.len() as u64) as usize];
+            std::iter::repeat_n(s, 1 + (run * 37 % 90) as usize)
+        })
+        .take(CALLS as usize)
+        .collect();
+    // What each call's members answer: their running totals (from 10).
+    let mut totals = [10u64; 18];
+    let mut expected = Vec::new();
+    for (i, s) in (0..CALLS).zip(&plan) {
+        let mut answers = Vec::new();
+        for r in s.eval(&mesh.shape(), 0).unwrap() {
+            totals[r.index()] += i;
+            answers.push((r, totals[r.index()]));
+        }
+        expected.push(answers);
+    }
+    let before = rt.frames_sent();
+    let ops: Vec<Op> = (0..CALLS).map(Op::Add).collect();
+    let calls = ops.iter().zip(&plan).map(|(op, s)| mesh.call(s, op));
+    let replies = futures::future::join_all(calls).await;
+    let sent = rt.frames_sent() - before;
+    for (i, (reply, expected)) in replies.into_iter().zip(expected).enumerate() {
+        let reply = reply.unwrap().into_result().unwrap();
+        assert_eq!(reply, expected, "the replies to call {i}");
+    }
+    assert!(
+        sent < CALLS / 4,
+        "the controller sent {sent} frames for {CALLS} calls queued behind each other"
+    );
+}
+
+/// A member that fails in the middle of a batch of calls to it fails only
+/// its own call and those queued behind it in its mailbox, each with its
+/// own error, within the budget; the calls before it are answered.
+#[tokio::test(flavor = "current_thread")]
+async fn a_member_failing_inside_a_batch_of_calls_fails_its_call_and_those_behind_it() {
+    let config = RuntimeConfig::default().call_timeout(Duration::from_secs(5));
+    let (rt, _pm, mesh) = setup(2, 1, config).await;
+    let at = sel("procs=1");
+    let ops = [Op::Add(1), Op::Add(2), Op::Fail, Op::Add(3), Op::Add(4)];
+    let before = rt.frames_sent();
+    let t = std::time::Instant::now();
+    let replies = futures::future::join_all(ops.iter().map(|op| mesh.call(&at, op))).await;
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(rt.frames_sent() - before, 1, "the five calls share a frame");
+    let replies: Vec<_> = replies.into_iter().map(Result::unwrap).collect();
+    assert_eq!(replies[0].values(), [(Rank(1), 11)]);
+    assert_eq!(replies[1].values(), [(Rank(1), 13)]);
+    assert!(
+        matches!(replies[2].failed(), [(Rank(1), MemberError::Failed(m))] if m.contains("told to fail")),
+        "{:?}",
+        replies[2].failed()
+    );
+    for later in &replies[3..] {
+        assert!(
+            matches!(later.failed(), [(Rank(1), MemberError::NotRunning(_))]),
+            "{:?}",
+            later.failed()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_reported_by_rank_and_nothing_hangs() {
     let config = RuntimeConfig::default().call_timeout(Duration::from_millis(1500));

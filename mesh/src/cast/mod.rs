@@ -368,10 +368,12 @@ async fn run_caster(
             caster: incarnation,
             seq,
         };
-        if job.done.is_none() && probe.is_none() {
-            // The fire-and-forget casts taken behind it that go to the same
-            // members go with it, as one frame.
-            seq += taken.join(&mut job, &mut credit, fabric.max_frame_bytes());
+        // The callers of the casts that join its frame, in order.
+        let mut joined = Vec::new();
+        if probe.is_none() {
+            // The casts taken behind it that go to the same members, and
+            // wait for results as it does or not, go with it as one frame.
+            seq += taken.join(&mut job, &mut credit, fabric.max_frame_bytes(), &mut joined);
         }
         // Dispatch can wait (on a proc's flow control): the casts already
         // sent keep collecting and answering their callers meanwhile.
@@ -382,18 +384,24 @@ async fn run_caster(
             &job.cast,
             None
         ));
-        let d = node::beside(dispatch, &mut collecting).await;
+        let ds = node::beside(dispatch, &mut collecting).await;
         match job.done {
-            Some(done) if d.one_child_only() => {
-                if let Err(Handed::Collect(d)) = done.send(Handed::Collect(d)) {
-                    // The caller gave up: nobody collects.
-                    node::abandon(&pending, d);
+            // One per cast of the frame, in order.
+            Some(done) => {
+                for (d, done) in ds.into_iter().zip(std::iter::once(done).chain(joined)) {
+                    if !d.one_child_only() {
+                        collecting.push(finish(&pending, d, Some(done), None));
+                    } else if let Err(Handed::Collect(d)) = done.send(Handed::Collect(d)) {
+                        // The caller gave up: nobody collects.
+                        node::abandon(&pending, d);
+                    }
                 }
             }
-            done if done.is_some() || probe.is_some() => {
-                collecting.push(finish(&pending, d, done, probe));
+            None => {
+                if let Some(d) = ds.into_iter().next().filter(|_| probe.is_some()) {
+                    collecting.push(finish(&pending, d, None, probe));
+                }
             }
-            _ => {}
         }
     }
     // The casts already sent still answer their callers.
@@ -425,15 +433,23 @@ impl JobBatch {
     }
 
     /// Moves into `first`'s frame ([`CastFrame::more`]) the jobs taken
-    /// right behind it that can share it: fire-and-forget casts to the same
-    /// members of the same mesh info (see [`batches_with`]), each counted
-    /// against the mesh's credit up to its next probe, which goes on its
-    /// own; within the frame limit (and [`MAX_BATCHED_CASTS`], as it looks
-    /// at no more than [`JOB_BATCH`] jobs taken at once). Returns how
-    /// many joined. Only jobs already taken join, so no cast waits for
-    /// another: a sender that outruns the caster gets one frame, one
-    /// dispatch and one check at each proc per batch instead of per cast.
-    fn join(&mut self, first: &mut Job, credit: &mut Credit, max_frame_bytes: usize) -> u64 {
+    /// right behind it that can share it: casts to the same members of the
+    /// same mesh info that wait for results as `first` does or not (see
+    /// [`batches_with`]), their callers pushed onto `callers` in order; a
+    /// fire-and-forget one counted against the mesh's credit up to its
+    /// next probe, which goes on its own; within the frame limit (and
+    /// [`MAX_BATCHED_CASTS`], as it looks at no more than [`JOB_BATCH`]
+    /// jobs taken at once). Returns how many joined. Only jobs already
+    /// taken join, so no cast waits for another: a sender that outruns the
+    /// caster gets one frame, one dispatch and one check at each proc per
+    /// batch instead of per cast.
+    fn join(
+        &mut self,
+        first: &mut Job,
+        credit: &mut Credit,
+        max_frame_bytes: usize,
+        callers: &mut Vec<oneshot::Sender<Handed>>,
+    ) -> u64 {
         // A batch carries its first cast's seed, and `any` may pick other
         // members for another cast's: such a selection never batches.
         // Checked once per frame, not once per cast that would join.
@@ -447,13 +463,16 @@ impl JobBatch {
             if bytes.saturating_add(adds) > max_frame_bytes
                 || !Arc::ptr_eq(&first.info, &next.info)
                 || !batches_with(&first.cast.frame, &next.cast.frame)
-                || !credit.join(first.info.id)
+                || (first.done.is_none() && !credit.join(first.info.id))
             {
                 break;
             }
             bytes += adds;
             let payload = std::mem::take(&mut next.cast.frame.payload);
             first.cast.frame.more.push(payload);
+            // Set for a cast that waits for results (`batches_with` keeps
+            // the two kinds apart).
+            callers.extend(next.done.take());
             self.jobs.pop();
             joined += 1;
         }
@@ -461,13 +480,14 @@ impl JobBatch {
     }
 }
 
-/// Whether `next` may travel in `first`'s frame: both fire-and-forget (a
-/// cast handed over to wait for results has a `reply` from the start) and
-/// the same but for the message and the seed (which [`JobBatch::join`]
-/// lets differ only for a selection that does not use it).
+/// Whether `next` may travel in `first`'s frame: both fire-and-forget or
+/// both waiting for results (a cast handed over to wait has a `reply` from
+/// the start, the same for all of one caster; a credit probe gets one when
+/// taken, and goes alone), and the same but for the message and the seed
+/// (which [`JobBatch::join`] lets differ only for a selection that does not
+/// use it).
 fn batches_with(first: &CastFrame, next: &CastFrame) -> bool {
-    first.reply.is_none()
-        && next.reply.is_none()
+    first.reply == next.reply
         && first.mesh == next.mesh
         && first.generation == next.generation
         && first.token == next.token

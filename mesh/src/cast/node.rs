@@ -179,19 +179,27 @@ impl Bound {
 /// proc `frame.procs.0`; `None` at the root, which holds no member). With
 /// `replies` false (a fire-and-forget cast at the root), nothing is
 /// registered and children are asked for no result.
+///
+/// Returns what each cast of the frame waits for: one for a single cast or
+/// a fire-and-forget batch, and one per cast, in order, for a batch that
+/// wants results (each child answers the `i`-th under the `i`-th of a block
+/// of call numbers, [`Pending::register_block`]).
 pub(crate) async fn dispatch(
     fabric: &dyn Fabric,
     pending: &Pending,
     info: &MeshInfo,
     cast: &Bound,
     local: Option<&LocalMembers>,
-) -> Dispatched {
+) -> Vec<Dispatched> {
     let Bound { frame, selected } = cast;
     let budget = Duration::from_millis(u64::from(frame.budget_ms));
     let deadline = Instant::now() + budget;
-    let mut d = Dispatched::new(frame.collect.clone(), deadline);
     // At the root, `reply` says whether the caller waits for results.
     let replies = frame.reply.is_some();
+    let casts = if replies { 1 + frame.more.len() } else { 1 };
+    let mut ds: Vec<Dispatched> = (0..casts)
+        .map(|_| Dispatched::new(frame.collect.clone(), deadline))
+        .collect();
     let (lo, hi) = frame.procs;
     let mut chunks: Vec<Range<u32>> = match local {
         Some(_) => tree::children(lo..hi, info.fanout).collect(),
@@ -214,11 +222,7 @@ pub(crate) async fn dispatch(
             // Around a lost head: its members fail now, its subtree is
             // forwarded to directly (in order, before the next chunk).
             let head = member_ranks(info.per_proc, chunk.start..chunk.start + 1);
-            for r in selected_in(selected, head) {
-                d.acc
-                    .failed
-                    .push((r, MemberError::NotRunning("proc lost".into())));
-            }
+            fail_each(&mut ds, &selected_in(selected, head), "proc lost");
             let below: Vec<Range<u32>> = tree::children(chunk, info.fanout).collect();
             chunks.extend(below.into_iter().rev());
             continue;
@@ -230,12 +234,12 @@ pub(crate) async fn dispatch(
             continue; // validated frames keep chunks inside the mesh
         };
         let call = replies.then(|| {
-            pending.register(Waiter::Child {
+            pending.register_block(ds.iter_mut().map(|d| Waiter::Child {
                 results: d.results_sender(),
                 index: d.children.len(),
                 head: (frame.mesh, chunk.start),
-                from: head_proc,
-            })
+                from: head_proc.clone(),
+            }))
         });
         child.reply = call.map(|call| ReplyTo {
             port: fabric.reply_port(),
@@ -247,20 +251,19 @@ pub(crate) async fn dispatch(
         {
             Ok(()) => {
                 if let Some(call) = call {
-                    d.children.push(chosen);
-                    d.child_calls.push(call);
+                    for (d, call) in ds.iter_mut().zip(call..) {
+                        d.children.push(chosen.clone());
+                        d.child_calls.push(call);
+                    }
                 }
             }
             Err(e) => {
                 if let Some(call) = call {
-                    pending.forget(call);
+                    for call in (call..).take(ds.len()) {
+                        pending.forget(call);
+                    }
                 }
-                let why = format!("proc unreachable: {e}");
-                d.acc.failed.extend(
-                    chosen
-                        .into_iter()
-                        .map(|r| (r, MemberError::NotRunning(why.clone()))),
-                );
+                fail_each(&mut ds, &chosen, &format!("proc unreachable: {e}"));
             }
         }
     }
@@ -271,47 +274,64 @@ pub(crate) async fn dispatch(
             if !selected.contains(Rank(rank)) {
                 continue;
             }
-            deliver(&mut d, rank, member.as_ref(), frame, replies);
+            deliver(&mut ds, rank, member.as_ref(), frame, replies);
         }
     }
-    d
+    ds
 }
 
+/// Fails `ranks` as not running, for `why`, in each cast.
+fn fail_each(ds: &mut [Dispatched], ranks: &[u32], why: &str) {
+    for d in ds {
+        d.acc.failed.extend(
+            ranks
+                .iter()
+                .map(|&r| (r, MemberError::NotRunning(why.to_owned()))),
+        );
+    }
+}
+
+/// Hands each message of `frame` to the member at `rank`, in order; with
+/// `replies`, each cast's reply (or acknowledgement) goes to its own of
+/// `ds`, else `ds` holds one for the whole frame.
 fn deliver(
-    d: &mut Dispatched,
+    ds: &mut [Dispatched],
     rank: u32,
     member: Option<&ActorRef<MemberMsg>>,
     frame: &CastFrame,
     replies: bool,
 ) {
     let Some(member) = member else {
-        d.acc
-            .failed
-            .push((rank, MemberError::NotRunning("member has exited".into())));
+        fail_each(ds, &[rank], "member has exited");
         return;
     };
     let wants_reply = replies && frame.collect != Collect::Ack;
-    let (reply, rx) = if wants_reply {
-        let (tx, rx) = oneshot::channel();
-        (Some(tx), Some(rx))
-    } else {
-        (None, None)
-    };
     if crate::bugs::planted(crate::bugs::PlantedBug::DuplicateDelivery) {
         let _ = member.send_message(MemberMsg::user(frame.payload.clone(), None));
     }
-    let mut sent = member.send_message(MemberMsg::user(frame.payload.clone(), reply));
-    // The casts batched after it, in order (a batch never wants results:
-    // `CastFrame::validate`); a mailbox that closes fails the member for
-    // all of them alike.
-    for payload in &frame.more {
-        if sent.is_err() {
-            break;
+    for (i, payload) in frame.payloads().enumerate() {
+        let (reply, rx) = if wants_reply {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        if let Err(e) = member.send_message(MemberMsg::user(payload.clone(), reply)) {
+            // A closed mailbox fails the member for this cast and those
+            // after it alike.
+            let from = if replies { i } else { 0 };
+            fail_each(
+                &mut ds[from..],
+                &[rank],
+                &format!("member mailbox closed: {e}"),
+            );
+            return;
         }
-        sent = member.send_message(MemberMsg::user(payload.clone(), None));
-    }
-    match sent {
-        Ok(()) => match rx {
+        if !replies && i > 0 {
+            continue;
+        }
+        let d = &mut ds[i];
+        match rx {
             None => d.acc.ok += 1,
             Some(rx) => {
                 d.local_waiting.insert(rank);
@@ -324,11 +344,7 @@ fn deliver(
                     (rank, r)
                 }));
             }
-        },
-        Err(e) => d.acc.failed.push((
-            rank,
-            MemberError::NotRunning(format!("member mailbox closed: {e}")),
-        )),
+        }
     }
 }
 
@@ -547,29 +563,39 @@ fn answered(acc: &Contribution) -> BTreeSet<u32> {
 
 /// Bytes a gathered value adds to an encoded [`Contribution`] beyond its own
 /// (rank and length varints).
-const VALUE_OVERHEAD_BYTES: usize = 16;
+pub(crate) const VALUE_OVERHEAD_BYTES: usize = 16;
 /// Room left in every reply frame for the envelope and the reply's other
 /// fields.
 const REPLY_HEADROOM_BYTES: usize = 4096;
+
+/// Bytes of a reply frame of `max_frame_bytes` that its results may fill.
+pub(crate) fn reply_room(max_frame_bytes: usize) -> usize {
+    max_frame_bytes.saturating_sub(REPLY_HEADROOM_BYTES).max(1)
+}
+
+/// Bytes `c` takes in a reply, at most (what [`reply_room`] is measured
+/// against).
+pub(crate) fn reply_bytes(c: &Contribution) -> usize {
+    let failures: usize = c
+        .failed
+        .iter()
+        .map(|(_, e)| e.to_string().len() + VALUE_OVERHEAD_BYTES)
+        .sum();
+    let values: usize = c
+        .values
+        .iter()
+        .map(|(_, v)| v.len() + VALUE_OVERHEAD_BYTES)
+        .sum();
+    failures + values + c.reduced.as_ref().map_or(0, |v| v.len())
+}
 
 /// Splits a subtree's result into parts that each fit a frame of
 /// `max_frame_bytes`: the values are spread over parts, and a value that
 /// alone does not fit becomes a failure of its rank. All parts but the last
 /// carry only values.
 pub(crate) fn split(mut c: Contribution, max_frame_bytes: usize) -> Vec<Contribution> {
-    let room = max_frame_bytes.saturating_sub(REPLY_HEADROOM_BYTES).max(1);
-    let failures_bytes: usize = c
-        .failed
-        .iter()
-        .map(|(_, e)| e.to_string().len() + VALUE_OVERHEAD_BYTES)
-        .sum();
-    let values_bytes: usize = c
-        .values
-        .iter()
-        .map(|(_, v)| v.len() + VALUE_OVERHEAD_BYTES)
-        .sum();
-    let reduced_bytes = c.reduced.as_ref().map_or(0, |v| v.len());
-    if failures_bytes + values_bytes + reduced_bytes <= room {
+    let room = reply_room(max_frame_bytes);
+    if reply_bytes(&c) <= room {
         return vec![c];
     }
     let mut parts = Vec::new();

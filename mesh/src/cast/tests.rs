@@ -223,13 +223,15 @@ async fn fire_and_forget_casts_wait_for_credit_from_the_slowest_proc() {
     );
 }
 
-/// Fire-and-forget casts queued behind each other travel as one frame
-/// only where the frame says the same of each but its message: the same
-/// members (a selection the seed does not decide) and mesh info, up to
-/// the 64 jobs the caster takes at once; a cast that waits for results,
-/// or goes to other members, or picks them by `any`, goes in a frame of
-/// its own, and every cast goes out once, numbered in the order handed
-/// over.
+/// Casts queued behind each other travel as one frame only where the
+/// frame says the same of each but its message: the same members (a
+/// selection the seed does not decide) and mesh info, all fire-and-forget
+/// or all waiting for results, up to the 64 jobs the caster takes at once;
+/// a cast that goes to other members, picks them by `any`, or waits for
+/// results where the others do not (or the other way round) goes in
+/// another frame, and every cast goes out once, numbered in the order
+/// handed over. The calls of a batch wait under consecutive numbers, one
+/// per call.
 #[tokio::test(start_paused = true)]
 async fn only_casts_to_the_same_members_share_a_frame() {
     let (fabric, pending, caster) = recorded_caster(3);
@@ -240,10 +242,12 @@ async fn only_casts_to_the_same_members_share_a_frame() {
     // (selection, waits for results) of each cast, in order.
     let mut plan: Vec<(&Selection, bool)> = Vec::new();
     plan.extend(std::iter::repeat_n((&all, false), 100)); // two batches: 64 + 36
-    plan.push((&all, true)); // a call: alone
+    plan.extend(std::iter::repeat_n((&all, true), 3)); // calls: a batch of their own
     plan.extend(std::iter::repeat_n((&all, false), 3));
     plan.extend(std::iter::repeat_n((&first, false), 2)); // other members
+    plan.push((&first, true)); // a call to other members: alone
     plan.extend(std::iter::repeat_n((&any, false), 3)); // one frame each
+    plan.extend(std::iter::repeat_n((&any, true), 2)); // one frame each
     plan.extend(std::iter::repeat_n((&all, false), 2));
     // All handed over before the caster's task runs: it takes them as they
     // queued (in batches of its own of 64).
@@ -271,8 +275,13 @@ async fn only_casts_to_the_same_members_share_a_frame() {
     let frames = fabric.frames.lock().unwrap().clone();
     let sizes: Vec<usize> = frames.iter().map(|f| 1 + f.more.len()).collect();
     // The caster takes its queue 64 at a time, and joins only what it took.
-    assert_eq!(sizes, [64, 36, 1, 3, 2, 1, 1, 1, 2], "casts per frame");
+    assert_eq!(
+        sizes,
+        [64, 36, 3, 3, 2, 1, 1, 1, 1, 1, 1, 2],
+        "casts per frame"
+    );
     let mut n = 0u64;
+    let mut calls = Vec::new();
     for f in &frames {
         assert_eq!(f.order.seq, n + 1);
         for payload in f.payloads() {
@@ -282,11 +291,82 @@ async fn only_casts_to_the_same_members_share_a_frame() {
         let (selection, wait) = plan[n as usize - 1];
         assert_eq!(&f.selection, selection, "frame ending at cast {n}");
         assert_eq!(f.reply.is_some(), wait);
+        if let Some(reply) = &f.reply {
+            calls.extend((reply.call..).take(1 + f.more.len()));
+        }
         f.validate().unwrap();
     }
     assert_eq!(n as usize, plan.len());
+    assert_eq!(calls.len(), 6);
+    assert_eq!(calls[..3], [calls[0], calls[0] + 1, calls[0] + 2]);
     drop(waiting);
-    assert_eq!(pending.len(), 1, "the call waits for its answer");
+    assert_eq!(pending.len(), 6, "each call waits for its answer");
+}
+
+/// The calls of a batch each get their own results, whether they come in
+/// one reply for several ([`ReplyBody::Casts`]) or one each; an answer for
+/// a place outside the batch, or from another proc, reaches no one.
+#[tokio::test(start_paused = true)]
+async fn each_call_of_a_batch_gets_its_own_answer() {
+    let (fabric, pending, caster) = recorded_caster(9);
+    let info = info(&fabric.peer);
+    let calls: Vec<_> = (0..4u64)
+        .map(|i| {
+            let f = frame(
+                &info,
+                None,
+                &caster,
+                &Selection::All,
+                &i,
+                Collect::Gather,
+                Duration::from_secs(60),
+            )
+            .unwrap();
+            caster.cast(info.clone(), f, true)
+        })
+        .collect();
+    let answers = async {
+        settle().await;
+        let frames = fabric.frames.lock().unwrap().clone();
+        assert_eq!(
+            frames.len(),
+            1,
+            "four calls handed over together: one frame"
+        );
+        assert_eq!(frames[0].more.len(), 3);
+        let reply = frames[0].reply.clone().expect("calls");
+        let value = |i: u8| Contribution {
+            ok: 1,
+            values: vec![(0, bytes::Bytes::from(vec![i]))],
+            ..Contribution::default()
+        };
+        // From another proc: dropped.
+        let stranger = ProcId::new("p9").unwrap();
+        pending.resolve(reply.call, ReplyBody::Casts(vec![(0, value(9))]), &stranger);
+        // The third and first together, a place past the batch (ignored: no
+        // call waits there), then the fourth alone and the second.
+        pending.resolve(
+            reply.call,
+            ReplyBody::Casts(vec![(2, value(2)), (0, value(0)), (7, value(7))]),
+            &fabric.peer,
+        );
+        pending.resolve(reply.call + 3, ReplyBody::Cast(value(3)), &fabric.peer);
+        pending.resolve(
+            reply.call,
+            ReplyBody::Casts(vec![(1, value(1))]),
+            &fabric.peer,
+        );
+    };
+    let (got, ()) = tokio::join!(futures::future::join_all(calls), answers);
+    for (i, got) in got.into_iter().enumerate() {
+        let got = got.unwrap().expect("results");
+        assert_eq!(
+            got.values,
+            vec![(0, bytes::Bytes::from(vec![i as u8]))],
+            "call {i}"
+        );
+    }
+    assert_eq!(pending.len(), 0);
 }
 
 /// The sender binds each frame once, with the seed the frame carries: what
@@ -414,11 +494,11 @@ fn a_bound_cast_holds_its_frame_on_the_heap() {
     );
 }
 
-/// What a proc refuses of a batch before it acts on one: results wanted
-/// (a batch is fire-and-forget), more than [`MAX_BATCHED_CASTS`] casts,
-/// or numbers past the last one.
+/// What a proc refuses of a batch before it acts on one: more than
+/// [`MAX_BATCHED_CASTS`] casts, or casts or calls numbered past the last
+/// number.
 #[tokio::test]
-async fn a_batch_is_refused_with_a_reply_too_many_casts_or_no_numbers_left() {
+async fn a_batch_is_refused_with_too_many_casts_or_no_numbers_left() {
     use crate::protocol::{CastOrder, MAX_BATCHED_CASTS, ReplyTo};
     let (fabric, _, caster) = recorded_caster(1);
     let info = info(&fabric.peer);
@@ -432,27 +512,36 @@ async fn a_batch_is_refused_with_a_reply_too_many_casts_or_no_numbers_left() {
         Duration::from_secs(1),
     )
     .unwrap();
-    let batch = |casts: usize, seq: u64, reply: bool| {
+    // `casts` casts numbered from `seq`, answering calls from `call`.
+    let batch = |casts: usize, seq: u64, call: Option<u64>| {
         let mut f = CastFrame::clone(&cast.frame);
         f.more = vec![f.payload.clone(); casts - 1];
         f.order = CastOrder { caster: 9, seq };
-        f.reply = reply.then(|| ReplyTo {
+        f.reply = call.map(|call| ReplyTo {
             port: fabric.reply_port(),
-            call: 1,
+            call,
         });
         f.validate()
     };
-    assert_eq!(batch(1, 1, true), Ok(()), "one cast may want results");
-    assert_eq!(batch(2, 1, false), Ok(()));
-    assert_eq!(batch(MAX_BATCHED_CASTS, u64::MAX - 63, false), Ok(()));
-    for (casts, seq, reply) in [
-        (2, 1, true),
-        (MAX_BATCHED_CASTS + 1, 1, false),
-        (3, u64::MAX - 1, false),
+    assert_eq!(batch(1, 1, Some(u64::MAX)), Ok(()));
+    assert_eq!(batch(2, 1, None), Ok(()));
+    assert_eq!(batch(2, 1, Some(1)), Ok(()), "a batch of calls");
+    assert_eq!(batch(MAX_BATCHED_CASTS, u64::MAX - 63, None), Ok(()));
+    assert_eq!(
+        batch(MAX_BATCHED_CASTS, 1, Some(u64::MAX - 63)),
+        Ok(()),
+        "its last call answers the last number"
+    );
+    for (casts, seq, call) in [
+        (MAX_BATCHED_CASTS + 1, 1, None),
+        (MAX_BATCHED_CASTS + 1, 1, Some(1)),
+        (3, u64::MAX - 1, None),
+        (2, 1, Some(u64::MAX)),
+        (MAX_BATCHED_CASTS, 1, Some(u64::MAX - 62)),
     ] {
         assert!(
-            batch(casts, seq, reply).is_err(),
-            "{casts} casts from {seq}, reply {reply}"
+            batch(casts, seq, call).is_err(),
+            "{casts} casts from {seq}, calls from {call:?}"
         );
     }
 }

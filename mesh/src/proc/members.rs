@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use ractor::ActorRef;
 use regent_net::{Generation, PortId};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -36,7 +36,7 @@ use crate::member::{
 };
 use crate::policy::{FailureCause, MeshFailure};
 use crate::protocol::{
-    CastFrame, Contribution, MemberExited, MeshId, ProcReply, ReplyBody, Restart, names,
+    CastFrame, Contribution, MemberExited, MeshId, ProcReply, ReplyBody, ReplyTo, Restart, names,
 };
 use crate::registry::ActorTypes;
 use crate::shape::Rank;
@@ -841,49 +841,130 @@ async fn serve_cast(shared: &Shared, cast: Bound) -> Option<BoxFuture<'static, (
                 .map(|l| l.actor.clone())
         })
         .collect();
-    let d = node::dispatch(fabric.as_ref(), &pending, &info, &cast, Some(&members)).await;
+    let mut ds = node::dispatch(fabric.as_ref(), &pending, &info, &cast, Some(&members)).await;
     // A cast that wants results is answered once they are in; one that
     // does not is done.
     let reply = cast.frame.reply?;
     Some(Box::pin(async move {
-        let contribution = node::collect(&pending, d).await;
-        let parts = node::split(contribution, fabric.max_frame_bytes());
-        let last = parts.len() - 1;
-        for (i, part) in parts.into_iter().enumerate() {
-            let body = if i == last {
-                ReplyBody::Cast(part)
-            } else {
-                ReplyBody::CastPart(part)
-            };
-            fabric
-                .reply(
-                    reply.port.clone(),
-                    ProcReply {
-                        call: reply.call,
-                        body,
-                    },
-                )
-                .await;
+        if ds.len() == 1 {
+            let c = node::collect(&pending, ds.swap_remove(0)).await;
+            return answer(fabric.as_ref(), &reply, vec![(0, c)]).await;
+        }
+        // A batch: each cast's results as they come in, those that are in
+        // together in one reply.
+        let mut collecting: FuturesUnordered<_> = ds
+            .into_iter()
+            .zip(0u32..)
+            .map(|(d, i)| {
+                let pending = &pending;
+                async move { (i, node::collect(pending, d).await) }
+            })
+            .collect();
+        while let Some(first) = collecting.next().await {
+            let mut ready = vec![first];
+            while let Some(Some(r)) = collecting.next().now_or_never() {
+                ready.push(r);
+            }
+            answer(fabric.as_ref(), &reply, ready).await;
         }
     }))
 }
 
+/// Answers `reply` with results of the casts of one frame, each with its
+/// place in the frame (0 for its own cast, `i` answering `reply.call +
+/// i`): those that fit a reply frame together share one
+/// ([`ReplyBody::Casts`]); one too large for a frame goes alone, split
+/// into parts ([`node::split`]).
+pub(super) async fn answer(
+    fabric: &dyn crate::fabric::Fabric,
+    reply: &ReplyTo,
+    results: Vec<(u32, Contribution)>,
+) {
+    let room = node::reply_room(fabric.max_frame_bytes());
+    let mut together = Vec::new();
+    let mut used = 0;
+    for (i, c) in results {
+        let bytes = node::reply_bytes(&c) + node::VALUE_OVERHEAD_BYTES;
+        if bytes > room {
+            let Some(call) = reply.call.checked_add(u64::from(i)) else {
+                continue;
+            };
+            let parts = node::split(c, fabric.max_frame_bytes());
+            let last = parts.len() - 1;
+            for (k, part) in parts.into_iter().enumerate() {
+                let body = if k == last {
+                    ReplyBody::Cast(part)
+                } else {
+                    ReplyBody::CastPart(part)
+                };
+                fabric
+                    .reply(reply.port.clone(), ProcReply { call, body })
+                    .await;
+            }
+            continue;
+        }
+        if used + bytes > room {
+            answer_together(fabric, reply, std::mem::take(&mut together)).await;
+            used = 0;
+        }
+        used += bytes;
+        together.push((i, c));
+    }
+    answer_together(fabric, reply, together).await;
+}
+
+/// One reply with `results` (a cast's own when there is one).
+async fn answer_together(
+    fabric: &dyn crate::fabric::Fabric,
+    reply: &ReplyTo,
+    mut results: Vec<(u32, Contribution)>,
+) {
+    let (call, body) = match (results.len(), results.pop()) {
+        (_, None) => return,
+        (1, Some((i, c))) => match reply.call.checked_add(u64::from(i)) {
+            Some(call) => (call, ReplyBody::Cast(c)),
+            None => return,
+        },
+        (_, Some(last)) => {
+            results.push(last);
+            (reply.call, ReplyBody::Casts(results))
+        }
+    };
+    fabric
+        .reply(reply.port.clone(), ProcReply { call, body })
+        .await;
+}
+
+/// The same failure, `failed`, for each cast `frame` carries (at most
+/// [`crate::protocol::MAX_BATCHED_CASTS`], for a frame refused as invalid).
+pub(super) fn each_failed(
+    frame: &CastFrame,
+    failed: Vec<(u32, crate::error::MemberError)>,
+) -> Vec<(u32, Contribution)> {
+    let casts = (frame.more.len() + 1).min(crate::protocol::MAX_BATCHED_CASTS) as u32;
+    (0..casts)
+        .map(|i| {
+            let c = Contribution {
+                failed: failed.clone(),
+                ..Contribution::default()
+            };
+            (i, c)
+        })
+        .collect()
+}
+
 fn fail(shared: &Shared, cast: &Bound, why: &str) {
     let frame = &cast.frame;
-    let Some(reply_to) = &frame.reply else { return };
+    let Some(reply_to) = frame.reply.clone() else {
+        return;
+    };
     let ranks = node::member_ranks(frame.per_proc, frame.procs.0..frame.procs.1);
     let Some(failed) = super::failed_in(&cast.selected, ranks, why) else {
         return;
     };
-    reply(
-        shared,
-        reply_to.port.clone(),
-        reply_to.call,
-        ReplyBody::Cast(Contribution {
-            failed,
-            ..Contribution::default()
-        }),
-    );
+    let results = each_failed(frame, failed);
+    let fabric = shared.services.fabric.clone();
+    tokio::spawn(async move { answer(fabric.as_ref(), &reply_to, results).await });
 }
 
 #[cfg(test)]

@@ -29,9 +29,7 @@ use crate::entropy::Entropy;
 use crate::error::MemberError;
 use crate::fabric::{Fabric, NetFabric, Pending};
 use crate::member::{KnownMesh, ProcServices};
-use crate::protocol::{
-    CastFrame, Contribution, MeshId, ProcCommand, ProcReply, ProcStats, ReplyBody, names,
-};
+use crate::protocol::{CastFrame, MeshId, ProcCommand, ProcReply, ProcStats, ReplyBody, names};
 use crate::registry::ActorTypes;
 use crate::relay::{self, OwnerKey, RelayBody, RelayFrame, RelayGate, RelayOutcome};
 use crate::selection::Selected;
@@ -649,7 +647,9 @@ impl ProcRuntime {
     /// selected member in it failed. Nothing is forwarded.
     fn fail_subtree(&self, frame: CastFrame, why: &str) {
         tracing::debug!(mesh = frame.mesh.0, why, "cast not served");
-        let Some(reply) = frame.reply else { return };
+        let Some(reply) = frame.reply.clone() else {
+            return;
+        };
         let ranks = node::member_ranks(frame.per_proc, frame.procs.0..frame.procs.1);
         let failed = match frame.selection.bind(&frame.view, frame.seed) {
             Ok(selected) => match failed_in(&selected, ranks, why) {
@@ -658,14 +658,10 @@ impl ProcRuntime {
             },
             Err(_) => Vec::new(),
         };
-        self.reply(
-            reply.port,
-            reply.call,
-            ReplyBody::Cast(Contribution {
-                failed,
-                ..Contribution::default()
-            }),
-        );
+        // Each cast of a batch is answered.
+        let results = members::each_failed(&frame, failed);
+        let fabric = self.fabric.clone();
+        tokio::spawn(async move { members::answer(fabric.as_ref(), &reply, results).await });
     }
 
     /// Stops every member.
