@@ -64,6 +64,10 @@ pub struct WorkloadConfig {
     /// batch), in the same sender's order as the acknowledged casts, and
     /// face every fault as they do. Default 3.
     pub fire_and_forget: u32,
+    /// Acknowledged casts the caster hands over together each time (at
+    /// least one): queued together, they travel as one frame whose casts
+    /// are each acknowledged on their own. Default 2.
+    pub acknowledged_together: u32,
 }
 
 impl WorkloadConfig {
@@ -84,6 +88,7 @@ impl Default for WorkloadConfig {
             call_interval: Duration::from_millis(100),
             call_deadline: Duration::from_secs(4),
             fire_and_forget: 3,
+            acknowledged_together: 2,
         }
     }
 }
@@ -700,10 +705,11 @@ fn cast_returned(
     matches!(r, Err(MeshError::Stopped(_)))
 }
 
-/// Casts numbered records to every member until told to stop, starting one
-/// every `interval` while fewer than `in_flight` wait for their
-/// acknowledgements, each right after `fire_and_forget` casts that wait for
-/// nothing; when stopped, waits for those in flight.
+/// Casts numbered records to every member until told to stop, starting
+/// `acknowledged_together` at once every `cast_interval` while fewer than
+/// `casts_in_flight` wait for their acknowledgements, right after
+/// `fire_and_forget` casts that wait for nothing (see [`WorkloadConfig`]);
+/// when stopped, waits for those in flight.
 ///
 /// Each cast is polled once as soon as it is made, so that it has started
 /// (and taken its place in the sender's order) before the next is made:
@@ -712,12 +718,17 @@ pub(crate) async fn caster(
     mesh: ActorMesh<Tally>,
     seq: Arc<AtomicU64>,
     ledger: Arc<Mutex<Ledger>>,
-    interval: Duration,
-    in_flight: NonZeroU32,
-    fire_and_forget: u32,
+    workload: WorkloadConfig,
     mut stop: watch::Receiver<bool>,
 ) {
-    let room = in_flight.get() as usize;
+    let WorkloadConfig {
+        cast_interval: interval,
+        casts_in_flight,
+        fire_and_forget,
+        acknowledged_together: together,
+        ..
+    } = workload;
+    let room = casts_in_flight.get() as usize;
     let mut window: FuturesUnordered<CastInFlight> = FuturesUnordered::new();
     let mut next = tokio::time::Instant::now();
     let mut stopping = false;
@@ -734,17 +745,19 @@ pub(crate) async fn caster(
                 for _ in 0..fire_and_forget {
                     stopping |= cast_nowait(&mesh, &seq, &ledger).await;
                 }
-                let n = seq.fetch_add(1, Ordering::Relaxed);
-                let g0 = mesh.generation().0;
-                let m = mesh.clone();
-                let mut cast: CastInFlight = Box::pin(async move {
-                    let msg = TallyMsg::Record { seq: n, sender: Sender::CASTER };
-                    let r = m.cast(&Selection::All, &msg).await;
-                    (n, g0, r)
-                });
-                match futures::poll!(&mut cast) {
-                    Poll::Ready(out) => stopping |= cast_returned(&mesh, &ledger, out),
-                    Poll::Pending => window.push(cast),
+                for _ in 0..together.max(1) {
+                    let n = seq.fetch_add(1, Ordering::Relaxed);
+                    let g0 = mesh.generation().0;
+                    let m = mesh.clone();
+                    let mut cast: CastInFlight = Box::pin(async move {
+                        let msg = TallyMsg::Record { seq: n, sender: Sender::CASTER };
+                        let r = m.cast(&Selection::All, &msg).await;
+                        (n, g0, r)
+                    });
+                    match futures::poll!(&mut cast) {
+                        Poll::Ready(out) => stopping |= cast_returned(&mesh, &ledger, out),
+                        Poll::Pending => window.push(cast),
+                    }
                 }
                 next = tokio::time::Instant::now() + interval;
             }
@@ -1047,9 +1060,7 @@ pub async fn run_with(
                 mesh.clone(),
                 seq.clone(),
                 ledger.clone(),
-                scenario.workload.cast_interval,
-                scenario.workload.casts_in_flight,
-                scenario.workload.fire_and_forget,
+                scenario.workload.clone(),
                 stop_rx.clone(),
             )),
             tokio::spawn(caller(

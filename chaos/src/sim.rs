@@ -104,6 +104,7 @@ impl Default for SimConfig {
                 call_interval: Duration::from_millis(100),
                 call_deadline: Duration::from_secs(4),
                 fire_and_forget: 2,
+                acknowledged_together: 2,
             },
             fanout: None,
             failure_timeout: Duration::from_secs(1),
@@ -338,9 +339,7 @@ async fn play_round(
             mesh.clone(),
             seq.clone(),
             ledger.clone(),
-            config.workload.cast_interval,
-            config.workload.casts_in_flight,
-            config.workload.fire_and_forget,
+            config.workload.clone(),
             stop_rx.clone(),
         )),
         tokio::spawn(caller(
