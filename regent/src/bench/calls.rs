@@ -25,7 +25,10 @@
 //! - `pipelined_calls`: calls per second with [`IN_FLIGHT`] calls in flight
 //!   to that member, against the control plane's one-way message rate
 //!   between two processes of this binary (`control_one_way`, what
-//!   `net.one_way` measures); a call is two messages.
+//!   `net.one_way` measures); a call is two messages. The calls that
+//!   queue at the caster while it sends go down in shared frames, and
+//!   their results that are in together come back in one reply
+//!   (docs/semantics.md §4.3), as for any sender with calls in flight.
 //! - `cast_nowait_rate`: fire-and-forget casts per second to that member
 //!   (until it has them all: a call after them, FIFO per sender, returns
 //!   its count), against the same `control_one_way`. The sender hands them
