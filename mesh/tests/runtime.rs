@@ -261,19 +261,45 @@ async fn casts_from_one_sender_arrive_in_order_through_the_tree() {
     assert_each_got_its_casts_once_in_order(&mesh, &expected).await;
 }
 
+/// Nine procs of two members each, in a tree of fanout 2: four levels;
+/// the controller's control plane on the test's runtime (see
+/// [`on_the_tests_runtime`]).
+async fn four_level_tree() -> (Runtime, ProcMesh, ActorMesh<Counter>) {
+    let fanout = NonZeroU32::new(2).unwrap();
+    setup(9, 2, on_the_tests_runtime().fanout(fanout)).await
+}
+
+/// The controller's control plane (its caster among it) on the runtime of
+/// the test, not a thread of its own: on a current-thread runtime, what
+/// the test hands over without yielding is all queued before the caster
+/// runs, so it queues behind each other whatever the machine's load.
+fn on_the_tests_runtime() -> RuntimeConfig {
+    RuntimeConfig::default().control_thread(false)
+}
+
+/// `n` selections from `selections` in turn, in runs of 1 to `longest` of
+/// each (of uneven lengths).
+fn runs(selections: &[Selection], n: usize, longest: u64) -> Vec<&Selection> {
+    (0u64..)
+        .flat_map(|run| {
+            let s = &selections[(run % selections.len() as u64) as usize];
+            std::iter::repeat_n(s, 1 + (run * 37 % longest) as usize)
+        })
+        .take(n)
+        .collect()
+}
+
 /// A flood of fire-and-forget casts from one sender, in runs to the same
 /// members, through a four-level tree: casts queued behind each other go
 /// down it as shared frames (the controller sends far fewer frames than
 /// casts), and every member still gets each of its casts once, in the
 /// order sent.
 ///
-/// On a current-thread runtime the sender hands over casts until the
-/// caster's queue is full before the caster runs, so casts queue behind
-/// each other whatever the machine's load.
+/// On a current-thread runtime with the caster on it, the sender hands
+/// over casts until the caster's queue is full before the caster runs.
 #[tokio::test(flavor = "current_thread")]
 async fn fire_and_forget_casts_share_frames_and_arrive_once_in_order() {
-    let fanout = NonZeroU32::new(2).unwrap();
-    let (rt, _pm, mesh) = setup(9, 2, RuntimeConfig::default().fanout(fanout)).await;
+    let (rt, _pm, mesh) = four_level_tree().await;
     let selections = [
         Selection::All,
         sel("procs=4..9"),
@@ -282,14 +308,7 @@ async fn fire_and_forget_casts_share_frames_and_arrive_once_in_order() {
     ];
     const CASTS: u64 = 3_000;
     let mut expected = vec![Vec::new(); 18];
-    // Runs of 1 to 150 casts to one selection.
-    let plan: Vec<&Selection> = (0u64..)
-        .flat_map(|run| {
-            let s = &selections[(run % selections.len() as u64) as usize];
-            std::iter::repeat_n(s, 1 + (run * 37 % 150) as usize)
-        })
-        .take(CASTS as usize)
-        .collect();
+    let plan = runs(&selections, CASTS as usize, 150);
     let before = rt.frames_sent();
     for (i, s) in (0..CASTS).zip(plan) {
         for r in s.eval(&mesh.shape(), 0).unwrap() {
@@ -311,13 +330,11 @@ async fn fire_and_forget_casts_share_frames_and_arrive_once_in_order() {
 /// selected member's total right after that call's addition, so a reply
 /// answered to a neighbour's call, or a call served out of order, shows.
 ///
-/// On a current-thread runtime every call is handed over before the
-/// caster runs (`join_all` polls them all first), so they queue behind
-/// each other whatever the machine's load.
+/// On a current-thread runtime with the caster on it, every call is
+/// handed over before the caster runs (`join_all` polls them all first).
 #[tokio::test(flavor = "current_thread")]
 async fn calls_queued_together_share_frames_and_each_gets_its_own_replies() {
-    let fanout = NonZeroU32::new(2).unwrap();
-    let (rt, _pm, mesh) = setup(9, 2, RuntimeConfig::default().fanout(fanout)).await;
+    let (rt, _pm, mesh) = four_level_tree().await;
     let selections = [
         Selection::All,
         sel("procs=4..9"),
@@ -325,14 +342,7 @@ async fn calls_queued_together_share_frames_and_each_gets_its_own_replies() {
         sel("procs=8,actors=0"),
     ];
     const CALLS: u64 = 600;
-    // Runs of 1 to 90 calls to one selection.
-    let plan: Vec<&Selection> = (0u64..)
-        .flat_map(|run| {
-            let s = &selections[(run % selections.len() as u64) as usize];
-            std::iter::repeat_n(s, 1 + (run * 37 % 90) as usize)
-        })
-        .take(CALLS as usize)
-        .collect();
+    let plan = runs(&selections, CALLS as usize, 90);
     // What each call's members answer: their running totals (from 10).
     let mut totals = [10u64; 18];
     let mut expected = Vec::new();
@@ -364,19 +374,29 @@ async fn calls_queued_together_share_frames_and_each_gets_its_own_replies() {
 /// own error, within the budget; the calls before it are answered.
 #[tokio::test(flavor = "current_thread")]
 async fn a_member_failing_inside_a_batch_of_calls_fails_its_call_and_those_behind_it() {
-    let config = RuntimeConfig::default().call_timeout(Duration::from_secs(5));
+    let config = on_the_tests_runtime().call_timeout(Duration::from_secs(5));
     let (rt, _pm, mesh) = setup(2, 1, config).await;
     let at = sel("procs=1");
     let ops = [Op::Add(1), Op::Add(2), Op::Fail, Op::Add(3), Op::Add(4)];
     let before = rt.frames_sent();
     let t = std::time::Instant::now();
-    let replies = futures::future::join_all(ops.iter().map(|op| mesh.call(&at, op))).await;
+    let mut all = std::pin::pin!(futures::future::join_all(
+        ops.iter().map(|op| mesh.call(&at, op))
+    ));
+    // The first poll hands every call over; the caster, on this thread,
+    // then sends what it sends for them at once, before anything can come
+    // back (and the member's restart send more).
+    assert!(futures::poll!(&mut all).is_pending());
+    while rt.frames_sent() == before {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(rt.frames_sent() - before, 1, "the five calls share a frame");
+    let replies = all.await;
     assert!(
         t.elapsed() < Duration::from_secs(4),
         "took {:?}",
         t.elapsed()
     );
-    assert_eq!(rt.frames_sent() - before, 1, "the five calls share a frame");
     let replies: Vec<_> = replies.into_iter().map(Result::unwrap).collect();
     assert_eq!(replies[0].values(), [(Rank(1), 11)]);
     assert_eq!(replies[1].values(), [(Rank(1), 13)]);

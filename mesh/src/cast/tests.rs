@@ -117,6 +117,20 @@ fn recorded_caster(seed: u64) -> (Arc<Recorder>, Arc<Pending>, Caster) {
     (fabric, pending, caster)
 }
 
+/// A call of `i` to every member of the mesh of `info`, from `caster`.
+fn gather(info: &MeshInfo, caster: &Caster, i: u64) -> node::Bound {
+    frame(
+        info,
+        None,
+        caster,
+        &Selection::All,
+        &i,
+        Collect::Gather,
+        Duration::from_secs(60),
+    )
+    .unwrap()
+}
+
 /// Lets the caster's task run until it waits for something.
 async fn settle() {
     for _ in 0..64 {
@@ -311,19 +325,7 @@ async fn each_call_of_a_batch_gets_its_own_answer() {
     let (fabric, pending, caster) = recorded_caster(9);
     let info = info(&fabric.peer);
     let calls: Vec<_> = (0..4u64)
-        .map(|i| {
-            let f = frame(
-                &info,
-                None,
-                &caster,
-                &Selection::All,
-                &i,
-                Collect::Gather,
-                Duration::from_secs(60),
-            )
-            .unwrap();
-            caster.cast(info.clone(), f, true)
-        })
+        .map(|i| caster.cast(info.clone(), gather(&info, &caster, i), true))
         .collect();
     let answers = async {
         settle().await;
@@ -406,18 +408,7 @@ async fn a_frame_is_bound_with_the_seed_it_carries() {
 async fn a_call_given_up_leaves_no_waiter_behind() {
     let (fabric, pending, caster) = recorded_caster(5);
     let info = info(&fabric.peer);
-    let call = |i: u64| {
-        frame(
-            &info,
-            None,
-            &caster,
-            &Selection::All,
-            &i,
-            Collect::Gather,
-            Duration::from_secs(60),
-        )
-        .unwrap()
-    };
+    let call = |i: u64| gather(&info, &caster, i);
     // Given up long before its budget: nobody answered.
     let gave_up = tokio::time::timeout(
         Duration::from_secs(1),
