@@ -5,8 +5,9 @@
 //! - [`Caster`]: the root of one sender's casts. Frames are dispatched by one
 //!   task in the order they were handed over, so casts from one sender keep
 //!   their order at every member however many are in flight; results are
-//!   collected beside it. Fire-and-forget casts queued behind each other to
-//!   the same members share a frame (`JobBatch::join`).
+//!   collected beside it. Casts queued behind each other to the same
+//!   members share a frame (`JobBatch::join`), fire-and-forget ones
+//!   together and calls together, each call answered on its own.
 //! - The outcome of every operation lists what succeeded and what failed the
 //!   same way: [`Delivered`] (a cast), [`ValueMesh`] (a call), [`Reduced`] (a
 //!   reduction) — each with `failed()`, `is_complete()` and `into_result()`.
