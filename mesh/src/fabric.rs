@@ -287,63 +287,54 @@ impl Pending {
 
     /// Routes an answer from `sender` to whoever waits for it; unknown or
     /// late answers, and answers from another proc than the one asked, are
-    /// dropped.
+    /// dropped. The results of a batch's casts ([`ReplyBody::Casts`]) are
+    /// routed each as its own call's answer.
     pub(crate) fn resolve(&self, call: u64, body: ReplyBody, sender: &ProcId) {
         let mut calls = self.calls.lock().expect("pending calls lock");
-        if let ReplyBody::Casts(results) = body {
-            if results.len() > MAX_BATCHED_CASTS {
-                tracing::warn!(call, from = %sender, "an answer for more casts than a batch holds dropped");
-                return;
-            }
-            for (i, c) in results {
-                let Some(call) = call
-                    .checked_add(u64::from(i))
-                    .filter(|_| (i as usize) < MAX_BATCHED_CASTS)
-                else {
-                    tracing::warn!(call, from = %sender, "an answer outside its batch dropped");
-                    continue;
-                };
-                match calls.get(&call) {
-                    Some(w) if w.from() != sender => {
-                        tracing::warn!(call, from = %sender, "an answer from another proc than the one asked dropped");
-                    }
-                    Some(Waiter::Child { .. }) => {
-                        if let Some(Waiter::Child { results, index, .. }) = calls.remove(&call) {
-                            let _ = results.unbounded_send((index, ChildResult::Done(c)));
-                        }
-                    }
-                    Some(_) => tracing::warn!(call, "answer of the wrong kind dropped"),
-                    None => tracing::debug!(call, "late or unknown answer dropped"),
-                }
-            }
+        let ReplyBody::Casts(results) = body else {
+            return route(&mut calls, call, body, sender);
+        };
+        if results.len() > MAX_BATCHED_CASTS {
+            tracing::warn!(call, from = %sender, "an answer for more casts than a batch holds dropped");
             return;
         }
-        if calls.get(&call).is_some_and(|w| w.from() != sender) {
-            tracing::warn!(call, from = %sender, "an answer from another proc than the one asked dropped");
-            return;
-        }
-        if let ReplyBody::CastPart(part) = body {
-            match calls.get(&call) {
-                Some(Waiter::Child { results, index, .. }) => {
-                    let _ = results.unbounded_send((*index, ChildResult::Part(part)));
-                }
-                Some(_) => tracing::warn!(call, "answer of the wrong kind dropped"),
-                None => tracing::debug!(call, "late or unknown answer dropped"),
+        for (i, c) in results {
+            match call
+                .checked_add(u64::from(i))
+                .filter(|_| (i as usize) < MAX_BATCHED_CASTS)
+            {
+                Some(call) => route(&mut calls, call, ReplyBody::Cast(c), sender),
+                None => tracing::warn!(call, from = %sender, "an answer outside its batch dropped"),
             }
-            return;
         }
-        let waiter = calls.remove(&call);
-        drop(calls);
-        match (waiter, body) {
-            (Some(Waiter::Child { results, index, .. }), ReplyBody::Cast(c)) => {
-                let _ = results.unbounded_send((index, ChildResult::Done(c)));
+    }
+}
+
+/// Routes one answer to the waiter of `call` (see [`Pending::resolve`]).
+fn route(calls: &mut BTreeMap<u64, Waiter>, call: u64, body: ReplyBody, sender: &ProcId) {
+    if calls.get(&call).is_some_and(|w| w.from() != sender) {
+        tracing::warn!(call, from = %sender, "an answer from another proc than the one asked dropped");
+        return;
+    }
+    if let ReplyBody::CastPart(part) = body {
+        match calls.get(&call) {
+            Some(Waiter::Child { results, index, .. }) => {
+                let _ = results.unbounded_send((*index, ChildResult::Part(part)));
             }
-            (Some(Waiter::Request { answer, .. }), body) => {
-                let _ = answer.send(body);
-            }
-            (Some(_), _) => tracing::warn!(call, "answer of the wrong kind dropped"),
-            (None, _) => tracing::debug!(call, "late or unknown answer dropped"),
+            Some(_) => tracing::warn!(call, "answer of the wrong kind dropped"),
+            None => tracing::debug!(call, "late or unknown answer dropped"),
         }
+        return;
+    }
+    match (calls.remove(&call), body) {
+        (Some(Waiter::Child { results, index, .. }), ReplyBody::Cast(c)) => {
+            let _ = results.unbounded_send((index, ChildResult::Done(c)));
+        }
+        (Some(Waiter::Request { answer, .. }), body) => {
+            let _ = answer.send(body);
+        }
+        (Some(_), _) => tracing::warn!(call, "answer of the wrong kind dropped"),
+        (None, _) => tracing::debug!(call, "late or unknown answer dropped"),
     }
 }
 
