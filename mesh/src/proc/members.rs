@@ -919,16 +919,16 @@ async fn answer_together(
     reply: &ReplyTo,
     mut results: Vec<(u32, Contribution)>,
 ) {
-    let (call, body) = match (results.len(), results.pop()) {
-        (_, None) => return,
-        (1, Some((i, c))) => match reply.call.checked_add(u64::from(i)) {
-            Some(call) => (call, ReplyBody::Cast(c)),
-            None => return,
-        },
-        (_, Some(last)) => {
-            results.push(last);
-            (reply.call, ReplyBody::Casts(results))
+    let (call, body) = match results.len() {
+        0 => return,
+        1 => {
+            let (i, c) = results.swap_remove(0);
+            let Some(call) = reply.call.checked_add(u64::from(i)) else {
+                return;
+            };
+            (call, ReplyBody::Cast(c))
         }
+        _ => (reply.call, ReplyBody::Casts(results)),
     };
     fabric
         .reply(reply.port.clone(), ProcReply { call, body })
