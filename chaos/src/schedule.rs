@@ -137,6 +137,24 @@ impl FaultKind {
     }
 }
 
+/// Parses a comma-separated list of fault kinds (`kill,pause,loss`; the
+/// names of [`FaultKind::name`]).
+pub fn parse_fault_kinds(text: &str) -> Result<Vec<FaultKind>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            FaultKind::ALL
+                .into_iter()
+                .find(|k| k.name() == t)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+                    format!("unknown fault kind {t:?} (known: {})", known.join(", "))
+                })
+        })
+        .collect()
+}
+
 impl fmt::Display for FaultKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -599,6 +617,19 @@ fn degradation(rng: &mut SimRng, kind: FaultKind) -> LinkFaults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fault_lists_parse() {
+        assert_eq!(
+            parse_fault_kinds("kill, loss").unwrap(),
+            vec![FaultKind::Kill, FaultKind::Loss]
+        );
+        assert!(parse_fault_kinds("kill,meteor").is_err());
+        assert_eq!(
+            parse_fault_kinds("host-loss,clock-jump").unwrap(),
+            vec![FaultKind::HostLoss, FaultKind::ClockJump]
+        );
+    }
 
     #[test]
     fn the_same_seed_replays_the_same_timeline() {

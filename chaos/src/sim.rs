@@ -852,5 +852,7 @@ impl FaultPlane for SimPlane {
     }
 }
 
+pub mod runner;
+
 #[cfg(test)]
 mod tests;

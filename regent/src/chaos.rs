@@ -54,28 +54,11 @@ impl Default for SoakOptions {
     }
 }
 
-/// Parses a comma-separated list of fault kinds (`kill,pause,loss`; the
-/// names of `FaultKind::name`).
-pub(crate) fn parse_faults(text: &str) -> Result<Vec<FaultKind>, String> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(|t| {
-            FaultKind::ALL
-                .into_iter()
-                .find(|k| k.name() == t)
-                .ok_or_else(|| {
-                    let known: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
-                    format!("unknown fault kind {t:?} (known: {})", known.join(", "))
-                })
-        })
-        .collect()
-}
-
-/// As [`parse_faults`], for real processes: the kinds only a simulation
-/// can inject are refused.
+/// Parses a comma-separated list of fault kinds
+/// ([`regent_chaos::schedule::parse_fault_kinds`]) for real processes: the
+/// kinds only a simulation can inject are refused.
 pub(crate) fn parse_real_faults(text: &str) -> Result<Vec<FaultKind>, String> {
-    let kinds = parse_faults(text)?;
+    let kinds = regent_chaos::schedule::parse_fault_kinds(text)?;
     match kinds.iter().find(|k| k.is_simulated_only()) {
         Some(k) => Err(format!(
             "{k} is injected only in simulation (regent sim --faults {k})"
@@ -209,15 +192,6 @@ mod tests {
 
     #[test]
     fn fault_lists_parse() {
-        assert_eq!(
-            parse_faults("kill, loss").unwrap(),
-            vec![FaultKind::Kill, FaultKind::Loss]
-        );
-        assert!(parse_faults("kill,meteor").is_err());
-        assert_eq!(
-            parse_faults("host-loss,clock-jump").unwrap(),
-            vec![FaultKind::HostLoss, FaultKind::ClockJump]
-        );
         assert!(parse_real_faults("kill,clock-jump").is_err());
         assert!(parse_real_faults("host-loss").is_err());
         assert_eq!(parse_real_faults("pause").unwrap(), vec![FaultKind::Pause]);

@@ -13,7 +13,6 @@ mod args;
 mod bench;
 mod chaos;
 mod demo;
-mod sim;
 mod train;
 
 use bench::{BenchOptions, Report};
@@ -84,39 +83,7 @@ enum Command {
     /// runtime, procs, cast trees and sessions on a simulated network and
     /// clock) for many seeds, every invariant checked on each; a failing
     /// seed prints how to replay it. Exits non-zero on any violation.
-    Sim {
-        /// How many seeds, from `--from`.
-        #[arg(long, default_value_t = 100)]
-        seeds: u64,
-        /// The first seed.
-        #[arg(long, default_value_t = 0)]
-        from: u64,
-        /// Run just this seed (the same as `--from S --seeds 1`).
-        #[arg(long, conflicts_with_all = ["seeds", "from"])]
-        seed: Option<u64>,
-        /// Print each seed's history (timeline, failures, generations,
-        /// verdicts, with simulated times) and hash.
-        #[arg(long)]
-        trace: bool,
-        /// Worker threads (default: one per core).
-        #[arg(long)]
-        jobs: Option<usize>,
-        /// Procs in the mesh.
-        #[arg(long, default_value_t = 3)]
-        procs: u32,
-        /// Members per proc.
-        #[arg(long, default_value_t = 2)]
-        per_proc: u32,
-        /// Plant a known bug in the runtime (duplicate-delivery,
-        /// no-fencing, drop-member-exit, unordered-casts), to see the checkers
-        /// catch it.
-        #[arg(long)]
-        plant: Vec<regent_mesh::bugs::PlantedBug>,
-        /// Only these kinds of fault, comma-separated (e.g.
-        /// pause,actor-panic). Default: all that are simulated.
-        #[arg(long)]
-        faults: Option<String>,
-    },
+    Sim(regent_chaos::sim::runner::SimArgs),
     /// Make the cluster CA and issue credentials from it.
     Ca {
         #[command(subcommand)]
@@ -326,37 +293,8 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Sim {
-            seeds,
-            from,
-            seed,
-            trace,
-            jobs,
-            procs,
-            per_proc,
-            plant,
-            faults,
-        } => {
-            let faults = faults
-                .as_deref()
-                .map(chaos::parse_faults)
-                .transpose()
-                .map_err(anyhow::Error::msg)?;
-            let opts = sim::SimOptions {
-                plant,
-                faults,
-                from: seed.unwrap_or(from),
-                seeds: if seed.is_some() { 1 } else { seeds },
-                jobs: jobs.unwrap_or_else(sim::default_jobs),
-                trace,
-                procs,
-                per_proc,
-            };
-            let summary = sim::run(&opts)?;
-            println!("{summary}");
-            if !summary.failed.is_empty() {
-                anyhow::bail!("{} seed(s) violated an invariant", summary.failed.len());
-            }
+        Command::Sim(args) => {
+            regent_chaos::sim::runner::main(&args).map_err(anyhow::Error::msg)?;
             Ok(())
         }
         Command::Ca { command } => ca(command),

@@ -1,52 +1,127 @@
-//! `regent sim`: the chaos scenario under deterministic simulation
-//! (`regent_chaos::sim`), seed after seed, on worker threads (each seed on
-//! a paused current-thread runtime of its own), with a progress bar and a
-//! summary; a failing seed prints the command that replays it with its
-//! history.
+//! `regent sim`'s runner: many seeds of the simulated chaos scenario
+//! ([`run_seed`]) on worker threads (each seed on a paused current-thread
+//! runtime of its own), with a progress bar and a summary; a failing seed
+//! prints the command that replays it with its history.
+//!
+//! Both `regent sim` and this crate's `regent-sim` binary (the same
+//! command, built without the training stack: CI builds it in under half
+//! the time) parse [`SimArgs`] and call [`main`].
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use regent_chaos::sim::{SimConfig, SimOutcome, run_seed};
-use regent_chaos::{FaultKind, FaultMix};
+use regent_mesh::bugs::PlantedBug;
+
+use super::{SimConfig, SimOutcome, run_seed};
+use crate::schedule::{FaultKind, FaultMix, parse_fault_kinds};
+
+/// The command line of `regent sim`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// How many seeds, from `--from`.
+    #[arg(long, default_value_t = 100)]
+    pub seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    pub from: u64,
+    /// Run just this seed (the same as `--from S --seeds 1`).
+    #[arg(long, conflicts_with_all = ["seeds", "from"])]
+    pub seed: Option<u64>,
+    /// Print each seed's history (timeline, failures, generations,
+    /// verdicts, with simulated times) and hash.
+    #[arg(long)]
+    pub trace: bool,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Procs in the mesh.
+    #[arg(long, default_value_t = 3)]
+    pub procs: u32,
+    /// Members per proc.
+    #[arg(long, default_value_t = 2)]
+    pub per_proc: u32,
+    /// Plant a known bug in the runtime (duplicate-delivery,
+    /// no-fencing, drop-member-exit, unordered-casts), to see the checkers
+    /// catch it.
+    #[arg(long)]
+    pub plant: Vec<PlantedBug>,
+    /// Only these kinds of fault, comma-separated (e.g.
+    /// pause,actor-panic). Default: all that are simulated.
+    #[arg(long)]
+    pub faults: Option<String>,
+}
+
+/// Runs what `args` say, prints the summary; `Err` names the failing seeds'
+/// count (each was printed with its replay command as it ended).
+pub fn main(args: &SimArgs) -> Result<Summary, String> {
+    let opts = SimOptions {
+        from: args.seed.unwrap_or(args.from),
+        seeds: if args.seed.is_some() { 1 } else { args.seeds },
+        jobs: args.jobs.unwrap_or_else(default_jobs),
+        trace: args.trace,
+        procs: args.procs,
+        per_proc: args.per_proc,
+        plant: args.plant.clone(),
+        faults: args.faults.as_deref().map(parse_fault_kinds).transpose()?,
+    };
+    let summary = run(&opts)?;
+    println!("{summary}");
+    if summary.failed.is_empty() {
+        Ok(summary)
+    } else {
+        Err(format!(
+            "{} seed(s) violated an invariant",
+            summary.failed.len()
+        ))
+    }
+}
 
 /// What to simulate.
 #[derive(Debug, Clone)]
-pub(crate) struct SimOptions {
+pub struct SimOptions {
     /// The first seed.
-    pub(crate) from: u64,
+    pub from: u64,
     /// How many seeds.
-    pub(crate) seeds: u64,
+    pub seeds: u64,
     /// Worker threads.
-    pub(crate) jobs: usize,
+    pub jobs: usize,
     /// Print each seed's history.
-    pub(crate) trace: bool,
+    pub trace: bool,
     /// Procs and members per proc.
-    pub(crate) procs: u32,
-    pub(crate) per_proc: u32,
+    pub procs: u32,
+    /// Members per proc.
+    pub per_proc: u32,
     /// Known bugs to plant.
-    pub(crate) plant: Vec<regent_mesh::bugs::PlantedBug>,
+    pub plant: Vec<PlantedBug>,
     /// Only these kinds of fault (`None`: every simulated kind).
-    pub(crate) faults: Option<Vec<FaultKind>>,
+    pub faults: Option<Vec<FaultKind>>,
 }
 
 /// What a run of seeds came to.
 #[derive(Debug, Default)]
-pub(crate) struct Summary {
-    pub(crate) seeds: u64,
-    pub(crate) failed: Vec<SimOutcome>,
-    pub(crate) faults: BTreeMap<FaultKind, u64>,
-    pub(crate) checked: BTreeMap<&'static str, u64>,
-    pub(crate) simulated_secs: f64,
-    pub(crate) wall_secs: f64,
+pub struct Summary {
+    /// Seeds run.
+    pub seeds: u64,
+    /// The seeds that violated an invariant, by seed.
+    pub failed: Vec<SimOutcome>,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<FaultKind, u64>,
+    /// Facts checked, by invariant.
+    pub checked: BTreeMap<&'static str, u64>,
+    /// Simulated time over all seeds.
+    pub simulated_secs: f64,
+    /// Wall time of the run.
+    pub wall_secs: f64,
 }
 
 /// Runs the seeds; prints progress, failing seeds and (with `trace`) every
 /// history as they end.
-pub(crate) fn run(opts: &SimOptions) -> anyhow::Result<Summary> {
-    anyhow::ensure!(opts.seeds > 0, "no seeds to run");
+pub fn run(opts: &SimOptions) -> Result<Summary, String> {
+    if opts.seeds == 0 {
+        return Err("no seeds to run".into());
+    }
     let mut config = SimConfig {
         procs: opts.procs,
         per_proc: opts.per_proc,
@@ -60,7 +135,8 @@ pub(crate) fn run(opts: &SimOptions) -> anyhow::Result<Summary> {
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{elapsed_precise} [{bar:40}] {pos}/{len} seeds ({per_sec}) {msg}",
-        )?
+        )
+        .map_err(|e| e.to_string())?
         .progress_chars("=> "),
     );
     if opts.trace {
@@ -77,7 +153,7 @@ pub(crate) fn run(opts: &SimOptions) -> anyhow::Result<Summary> {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("");
-        if !msg.starts_with(regent_chaos::workload::INJECTED_PANIC) {
+        if !msg.starts_with(crate::workload::INJECTED_PANIC) {
             default_hook(info);
         }
     }));
@@ -85,7 +161,10 @@ pub(crate) fn run(opts: &SimOptions) -> anyhow::Result<Summary> {
     let next = AtomicU64::new(0);
     let summary = Mutex::new(Summary::default());
     let violations = AtomicU64::new(0);
-    let jobs = opts.jobs.clamp(1, 64).min(opts.seeds as usize);
+    let jobs = opts
+        .jobs
+        .clamp(1, 64)
+        .min(usize::try_from(opts.seeds).unwrap_or(usize::MAX));
     std::thread::scope(|s| {
         for _ in 0..jobs {
             s.spawn(|| {
@@ -197,6 +276,6 @@ impl std::fmt::Display for Summary {
 }
 
 /// The worker threads by default: one per core.
-pub(crate) fn default_jobs() -> usize {
+pub fn default_jobs() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
