@@ -1,14 +1,19 @@
 //! The harness of `scripts/callgrind-calls.sh`: pipelined calls (or
 //! fire-and-forget casts) from this controller to one member of one proc
-//! process, as `regent bench mesh`'s `pipelined_calls` makes them. Run
-//! under callgrind at two counts, the difference between the runs is the
-//! instructions each call costs the controller and the proc, which, unlike
-//! time, repeats on a noisy machine.
+//! process, as `regent bench mesh`'s `pipelined_calls` makes them, or
+//! gathers (a call to every member of `REGENT_COST_PROCS` procs of one
+//! member each, one gather at a time, as `call_gather_<P>x1` makes them).
+//! Run under callgrind at two counts, the difference between the runs is
+//! the instructions each operation costs the controller and each proc,
+//! which, unlike time, repeats on a noisy machine.
 //!
 //! ```sh
 //! REGENT_COST_OPS=20000 cargo run --release -p regent --example call_cost
 //! scripts/callgrind-calls.sh call   # instructions per call, by function
+//! scripts/callgrind-calls.sh gather # per gather over 4 procs
 //! ```
+
+use std::time::Duration;
 
 use futures::StreamExt;
 use regent::mesh::alloc::{LocalAllocator, LocalConfig};
@@ -51,32 +56,61 @@ fn main() -> anyhow::Result<()> {
         Ok(v) => v.parse()?,
         Err(_) => 10_000,
     };
-    let casts = match std::env::var("REGENT_COST_MODE").as_deref() {
-        Ok("cast") => true,
-        Ok("call") | Err(_) => false,
-        Ok(other) => anyhow::bail!("REGENT_COST_MODE is call or cast, not {other}"),
+    let mode = match std::env::var("REGENT_COST_MODE").as_deref() {
+        Ok("cast") => Mode::Cast,
+        Ok("call") | Err(_) => Mode::Call,
+        Ok("gather") => Mode::Gather,
+        Ok(other) => anyhow::bail!("REGENT_COST_MODE is call, cast or gather, not {other}"),
+    };
+    let procs: usize = match (mode, std::env::var("REGENT_COST_PROCS")) {
+        (Mode::Gather, Ok(v)) => v.parse()?,
+        (Mode::Gather, Err(_)) => 4,
+        (_, _) => 1,
     };
     tokio::runtime::Runtime::new()?.block_on(async {
-        let rt = Runtime::start(RuntimeConfig::default()).await?;
+        let mut config = RuntimeConfig::default();
+        if mode == Mode::Gather {
+            // One round trip at a time: a control thread would spin between
+            // them for a time (and so a count of instructions) that follows
+            // callgrind's pace, not the code's.
+            let endpoint = config.endpoint.clone().control_spin(Duration::ZERO);
+            config = config.endpoint(endpoint);
+        }
+        let rt = Runtime::start(config).await?;
         // Under callgrind a proc takes far longer than the default 30 s to
         // start (libtorch's static set-up alone is minutes of simulation).
         let config = LocalConfig {
-            start_timeout: std::time::Duration::from_secs(900),
+            start_timeout: Duration::from_secs(900),
             ..LocalConfig::default()
         };
         let local = LocalAllocator::with_config(rt.endpoint().clone(), config)?;
         let procs = rt
-            .spawn_procs(std::sync::Arc::new(local), Shape::new([("procs", 1)])?)
+            .spawn_procs(std::sync::Arc::new(local), Shape::new([("procs", procs)])?)
             .await?;
-        let result = run(&procs.spawn("counters", 1, &()).await?, ops, casts).await;
-        procs.stop(std::time::Duration::from_secs(5)).await?;
+        let result = run(&procs.spawn("counters", 1, &()).await?, ops, mode).await;
+        procs.stop(Duration::from_secs(5)).await?;
         result
     })
 }
 
-async fn run(mesh: &ActorMesh<Counter>, ops: usize, casts: bool) -> anyhow::Result<()> {
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Call,
+    Cast,
+    Gather,
+}
+
+async fn run(mesh: &ActorMesh<Counter>, ops: usize, mode: Mode) -> anyhow::Result<()> {
     let t = std::time::Instant::now();
-    if casts {
+    if mode == Mode::Gather {
+        for i in 0..ops {
+            let replies = mesh.call(&Selection::All, &0).await?.into_result()?;
+            anyhow::ensure!(
+                replies.iter().all(|(_, count)| *count == i as u64 + 1),
+                "gather {i} answered {replies:?}"
+            );
+        }
+    } else if mode == Mode::Cast {
         let member: Selection = "procs=0".parse()?;
         for i in 0..ops {
             mesh.cast_nowait(&member, &(i as u64)).await?;
@@ -101,7 +135,11 @@ async fn run(mesh: &ActorMesh<Counter>, ops: usize, casts: bool) -> anyhow::Resu
     let elapsed = t.elapsed();
     println!(
         "{ops} {}: {elapsed:?} ({:.0}/s)",
-        if casts { "casts" } else { "calls" },
+        match mode {
+            Mode::Call => "calls",
+            Mode::Cast => "casts",
+            Mode::Gather => "gathers",
+        },
         ops as f64 / elapsed.as_secs_f64()
     );
     Ok(())
