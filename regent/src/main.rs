@@ -293,10 +293,9 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Sim(args) => {
-            regent_chaos::sim::runner::main(&args).map_err(anyhow::Error::msg)?;
-            Ok(())
-        }
+        Command::Sim(args) => regent_chaos::sim::runner::main(&args)
+            .map(drop)
+            .map_err(anyhow::Error::msg),
         Command::Ca { command } => ca(command),
     }
 }

@@ -4,7 +4,7 @@
 //! prints the command that replays it with its history.
 //!
 //! Both `regent sim` and this crate's `regent-sim` binary (the same
-//! command, built without the training stack: CI builds it in under half
+//! command, built without the training stack: CI builds it in about half
 //! the time) parse [`SimArgs`] and call [`main`].
 
 use std::collections::BTreeMap;
@@ -78,25 +78,18 @@ pub fn main(args: &SimArgs) -> Result<Summary, String> {
     }
 }
 
-/// What to simulate.
+/// What to simulate: [`SimArgs`] with its defaults resolved and its fault
+/// list parsed.
 #[derive(Debug, Clone)]
-pub struct SimOptions {
-    /// The first seed.
-    pub from: u64,
-    /// How many seeds.
-    pub seeds: u64,
-    /// Worker threads.
-    pub jobs: usize,
-    /// Print each seed's history.
-    pub trace: bool,
-    /// Procs and members per proc.
-    pub procs: u32,
-    /// Members per proc.
-    pub per_proc: u32,
-    /// Known bugs to plant.
-    pub plant: Vec<PlantedBug>,
-    /// Only these kinds of fault (`None`: every simulated kind).
-    pub faults: Option<Vec<FaultKind>>,
+struct SimOptions {
+    from: u64,
+    seeds: u64,
+    jobs: usize,
+    trace: bool,
+    procs: u32,
+    per_proc: u32,
+    plant: Vec<PlantedBug>,
+    faults: Option<Vec<FaultKind>>,
 }
 
 /// What a run of seeds came to.
@@ -118,7 +111,7 @@ pub struct Summary {
 
 /// Runs the seeds; prints progress, failing seeds and (with `trace`) every
 /// history as they end.
-pub fn run(opts: &SimOptions) -> Result<Summary, String> {
+fn run(opts: &SimOptions) -> Result<Summary, String> {
     if opts.seeds == 0 {
         return Err("no seeds to run".into());
     }
@@ -276,6 +269,6 @@ impl std::fmt::Display for Summary {
 }
 
 /// The worker threads by default: one per core.
-pub fn default_jobs() -> usize {
+fn default_jobs() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
