@@ -62,7 +62,7 @@ fn main() -> anyhow::Result<()> {
         Ok("gather") => Mode::Gather,
         Ok(other) => anyhow::bail!("REGENT_COST_MODE is call, cast or gather, not {other}"),
     };
-    let procs: usize = match (mode, std::env::var("REGENT_COST_PROCS")) {
+    let procs_n: usize = match (mode, std::env::var("REGENT_COST_PROCS")) {
         (Mode::Gather, Ok(v)) => v.parse()?,
         (Mode::Gather, Err(_)) => 4,
         (_, _) => 1,
@@ -85,9 +85,12 @@ fn main() -> anyhow::Result<()> {
         };
         let local = LocalAllocator::with_config(rt.endpoint().clone(), config)?;
         let procs = rt
-            .spawn_procs(std::sync::Arc::new(local), Shape::new([("procs", procs)])?)
+            .spawn_procs(
+                std::sync::Arc::new(local),
+                Shape::new([("procs", procs_n)])?,
+            )
             .await?;
-        let result = run(&procs.spawn("counters", 1, &()).await?, ops, mode).await;
+        let result = run(&procs.spawn("counters", 1, &()).await?, ops, mode, procs_n).await;
         procs.stop(Duration::from_secs(5)).await?;
         result
     })
@@ -100,13 +103,18 @@ enum Mode {
     Gather,
 }
 
-async fn run(mesh: &ActorMesh<Counter>, ops: usize, mode: Mode) -> anyhow::Result<()> {
+async fn run(
+    mesh: &ActorMesh<Counter>,
+    ops: usize,
+    mode: Mode,
+    members: usize,
+) -> anyhow::Result<()> {
     let t = std::time::Instant::now();
     if mode == Mode::Gather {
         for i in 0..ops {
             let replies = mesh.call(&Selection::All, &0).await?.into_result()?;
             anyhow::ensure!(
-                replies.iter().all(|(_, count)| *count == i as u64 + 1),
+                replies.len() == members && replies.iter().all(|(_, count)| *count == i as u64 + 1),
                 "gather {i} answered {replies:?}"
             );
         }
