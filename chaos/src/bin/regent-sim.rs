@@ -1,7 +1,7 @@
 //! `regent sim` on its own: the same command line and runner
 //! ([`regent_chaos::sim::runner`]), built without the training stack that
 //! the `regent` binary links (libtorch, the admin endpoint), so that CI
-//! builds it in under half the time. `regent sim` is the command for users
+//! builds it in about half the time. `regent sim` is the command for users
 //! (and logs what `RUST_LOG` asks; this binary sets no tracing subscriber).
 
 use std::process::ExitCode;
