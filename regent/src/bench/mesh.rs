@@ -32,6 +32,16 @@
 //!   (`tcp_fanout_runs`): the wake-ups, each gather's and each fan-out's
 //!   (a control thread's spin turns after a `sched_yield` count too, as in
 //!   `call_rtt_runs`).
+//!   With one member per proc also `call_gather_<P>x1_vs_quinn` (and
+//!   `_on_proc_thread`): the gather against the floor of its own transport,
+//!   a 64-byte echo from the controller to every proc at once over bare
+//!   quinn (`quinn_fanout_<N>`: a quinn endpoint with the control plane's
+//!   mutual TLS in a member of each proc, on the same kind of thread as the
+//!   gathered members, one connection and bidirectional stream to each,
+//!   timed in turn in the same rounds), `call_gather_<P>x1_cpu_vs_quinn`
+//!   (CPU, against `quinn_fanout_cpu`), and `quinn_fanout_<N>_vs_tcp`, that
+//!   floor against the TCP one: what QUIC and TLS cost before the control
+//!   plane adds anything.
 //! - `cold_spawn_4_procs`: four procs started and a mesh spawned on them and
 //!   answering, against starting four bare processes of this binary.
 //! - `controller_frames_<P>_procs`: messages the controller sends per cast,
@@ -160,6 +170,151 @@ impl MeshActor for EchoOnProc {
 }
 
 regent_mesh::register_actor!(EchoOnProc);
+
+/// The credentials of the gathers' bare quinn echo servers, in PEM: one
+/// identity for every server, issued by a CA the run makes for them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct EchoCredentials {
+    proc: String,
+    chain: String,
+    key: String,
+    ca: String,
+}
+
+/// A bare quinn echo server on its member's runtime, started with the
+/// member: the control plane's mutual TLS and quinn's default transport,
+/// without the control plane (see [`super::net::serve_quinn_echo`]).
+/// Answers anything with its port.
+pub(crate) struct QuinnEcho {
+    endpoint: quinn::Endpoint,
+    port: u16,
+}
+
+impl MeshActor for QuinnEcho {
+    const NAME: &'static str = "regent-bench/quinn-echo";
+    type Args = EchoCredentials;
+    type Msg = ();
+    type Reply = u16;
+
+    async fn new(_: &Member, creds: EchoCredentials) -> Result<Self, ActorError> {
+        let creds = regent_net::ProcCredentials::from_pem(
+            creds.proc.parse()?,
+            &creds.chain,
+            &creds.key,
+            &creds.ca,
+        )?;
+        let endpoint =
+            quinn::Endpoint::server(creds.quic_server_config()?, "127.0.0.1:0".parse()?)?;
+        let port = endpoint.local_addr()?.port();
+        tokio::spawn(super::net::serve_quinn_echo(endpoint.clone()));
+        Ok(Self { endpoint, port })
+    }
+
+    async fn handle(&mut self, _: &Member, (): ()) -> Result<u16, ActorError> {
+        Ok(self.port)
+    }
+}
+
+impl Drop for QuinnEcho {
+    fn drop(&mut self) {
+        self.endpoint.close(0u32.into(), b"done");
+    }
+}
+
+regent_mesh::register_actor!(QuinnEcho);
+
+/// [`QuinnEcho`] on its proc's thread ([`MemberThread::Proc`]), beside
+/// [`EchoOnProc`].
+pub(crate) struct QuinnEchoOnProc(QuinnEcho);
+
+impl MeshActor for QuinnEchoOnProc {
+    const NAME: &'static str = "regent-bench/quinn-echo-on-proc";
+    type Args = EchoCredentials;
+    type Msg = ();
+    type Reply = u16;
+    const THREAD: MemberThread = MemberThread::Proc;
+
+    async fn new(member: &Member, creds: EchoCredentials) -> Result<Self, ActorError> {
+        QuinnEcho::new(member, creds).await.map(Self)
+    }
+
+    async fn handle(&mut self, member: &Member, (): ()) -> Result<u16, ActorError> {
+        self.0.handle(member, ()).await
+    }
+}
+
+regent_mesh::register_actor!(QuinnEchoOnProc);
+
+/// The bare quinn floor of a gather over one member per proc: a
+/// [`QuinnEcho`] (or [`QuinnEchoOnProc`]) member in every proc, and this
+/// side's connection and bidirectional stream to each.
+struct QuinnFloor<Q: MeshActor> {
+    servers: ActorMesh<Q>,
+    endpoint: quinn::Endpoint,
+    streams: Vec<(quinn::SendStream, quinn::RecvStream)>,
+}
+
+impl<Q: MeshActor<Args = EchoCredentials, Msg = (), Reply = u16>> QuinnFloor<Q> {
+    /// Starts a server in every proc of `pm` and connects to each, as a
+    /// client of the same CA.
+    async fn start(pm: &ProcMesh) -> anyhow::Result<Self> {
+        let ca = regent_net::ClusterCa::generate("regent bench quinn echo")?;
+        let server = regent_net::ProcId::new("bench-quinn-echo")?;
+        let (chain, key, ca_pem) = ca
+            .issue(&server, regent_net::Role::Proc, regent_net::Validity::job())?
+            .to_pem();
+        let creds = EchoCredentials {
+            proc: server.to_string(),
+            chain,
+            key,
+            ca: ca_pem,
+        };
+        let client = ca.issue(
+            &regent_net::ProcId::new("bench-quinn-client")?,
+            regent_net::Role::Proc,
+            regent_net::Validity::job(),
+        )?;
+        let servers: ActorMesh<Q> = pm.spawn("quinn-echo", 1, &creds).await?;
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+        endpoint.set_default_client_config(client.quic_client_config()?);
+        let mut streams = Vec::new();
+        for (_, port) in servers.call(&Selection::All, &()).await?.into_result()? {
+            let conn = endpoint
+                .connect(
+                    (std::net::Ipv4Addr::LOCALHOST, port).into(),
+                    server.as_str(),
+                )?
+                .await?;
+            streams.push(conn.open_bi().await?);
+        }
+        Ok(Self {
+            servers,
+            endpoint,
+            streams,
+        })
+    }
+
+    /// One round: a request to every server, then every answer, each
+    /// checked (as [`tcp_fanout`]).
+    async fn fanout(&mut self) -> anyhow::Result<()> {
+        let request = [7u8; ECHO_BYTES];
+        for (send, _) in self.streams.iter_mut() {
+            send.write_all(&request).await?;
+        }
+        let mut answer = [0u8; ECHO_BYTES];
+        for (_, recv) in self.streams.iter_mut() {
+            recv.read_exact(&mut answer).await?;
+            anyhow::ensure!(answer == request, "a quinn echo answered other bytes");
+        }
+        Ok(())
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        self.endpoint.close(0u32.into(), b"done");
+        self.servers.stop().await?;
+        Ok(())
+    }
+}
 
 /// The member benchmarks' actor (see the module docs).
 pub(crate) struct Bench {
@@ -456,13 +611,20 @@ async fn procs(rt: &Runtime, alloc: &Arc<dyn Allocator>, n: usize) -> anyhow::Re
 
 /// The call-all-and-gather figures of `A`'s members (names ending in
 /// `suffix`).
-async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
+/// With `quinn` (one member per proc), also against the bare quinn
+/// fan-out's floor.
+async fn call_gather<A, Q>(
     report: &mut Report,
     pm: &ProcMesh,
     per_proc: u32,
     rounds: usize,
     suffix: &str,
-) -> anyhow::Result<()> {
+    mut quinn: Option<QuinnFloor<Q>>,
+) -> anyhow::Result<()>
+where
+    A: MeshActor<Args = (), Msg = u64, Reply = u64>,
+    Q: MeshActor<Args = EchoCredentials, Msg = (), Reply = u16>,
+{
     let mesh: ActorMesh<A> = pm.spawn("echo", per_proc, &()).await?;
     let n = mesh.shape().len();
     let procs = pm.shape().len();
@@ -477,9 +639,13 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
     for _ in 0..10 {
         mesh.call(&all, &1).await?.into_result()?;
         tcp_fanout(&mut tcp).await?;
+        if let Some(q) = &mut quinn {
+            q.fanout().await?;
+        }
     }
     let mut gathers = Vec::with_capacity(rounds);
     let mut fanouts = Vec::with_capacity(rounds);
+    let mut quinn_fanouts = Vec::with_capacity(rounds);
     let mut concurrent = Vec::with_capacity(rounds);
     let mut single = Vec::with_capacity(rounds);
     for _ in 0..rounds {
@@ -490,6 +656,11 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
         let t = Instant::now();
         tcp_fanout(&mut tcp).await?;
         fanouts.push(t.elapsed());
+        if let Some(q) = &mut quinn {
+            let t = Instant::now();
+            q.fanout().await?;
+            quinn_fanouts.push(t.elapsed());
+        }
         let t = Instant::now();
         let each =
             futures::future::join_all((0..n).map(|r| mesh.call_one(Rank(r as u32), &1))).await;
@@ -518,9 +689,59 @@ async fn call_gather<A: MeshActor<Args = (), Msg = u64, Reply = u64>>(
         tcp_fanout(&mut tcp).await?;
     }
     tcp_cost.add(before, family_cost()?);
+    let mut quinn_cost = Cost::default();
+    if let Some(q) = &mut quinn {
+        let before = family_cost()?;
+        for _ in 0..block {
+            q.fanout().await?;
+        }
+        quinn_cost.add(before, family_cost()?);
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     drop(tcp);
     mesh.stop().await?;
+    if let Some(q) = quinn {
+        q.stop().await?;
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("call_gather_{procs}x{per_proc}_cpu_vs_quinn{suffix}"),
+                micros(cost.cpu) / block as f64,
+                "us",
+            )
+            .samples(block)
+            .against(
+                "quinn_fanout_cpu",
+                micros(quinn_cost.cpu) / block as f64,
+                "us",
+            ),
+        );
+        let quinn_fanout = micros(median(&mut quinn_fanouts));
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("call_gather_{procs}x{per_proc}_vs_quinn{suffix}"),
+                micros(median(&mut gathers)),
+                "us",
+            )
+            .samples(rounds)
+            .against(&format!("quinn_fanout_{n}"), quinn_fanout, "us"),
+        );
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("quinn_fanout_{n}_vs_tcp{suffix}"),
+                quinn_fanout,
+                "us",
+            )
+            .samples(rounds)
+            .against(
+                &format!("tcp_fanout_{n}"),
+                micros(median(&mut fanouts)),
+                "us",
+            ),
+        );
+    }
     report.push(
         Figure::new(
             SUITE,
@@ -786,9 +1007,15 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     for (p, per_proc) in [(1usize, 1u32), (2, 4), (4, 4), (16, 1), (4, 16), (4, 64)] {
         let pm = procs(&rt, &alloc, p).await?;
         let rounds = if per_proc >= 16 { rounds / 4 } else { rounds };
-        call_gather::<Echo>(report, &pm, per_proc, rounds, "").await?;
         if per_proc == 1 {
-            call_gather::<EchoOnProc>(report, &pm, per_proc, rounds, ON_PROC).await?;
+            let quinn = QuinnFloor::<QuinnEcho>::start(&pm).await?;
+            call_gather::<Echo, _>(report, &pm, per_proc, rounds, "", Some(quinn)).await?;
+            let quinn = QuinnFloor::<QuinnEchoOnProc>::start(&pm).await?;
+            call_gather::<EchoOnProc, _>(report, &pm, per_proc, rounds, ON_PROC, Some(quinn))
+                .await?;
+        } else {
+            let none: Option<QuinnFloor<QuinnEcho>> = None;
+            call_gather::<Echo, _>(report, &pm, per_proc, rounds, "", none).await?;
         }
         pm.stop(Duration::from_secs(2)).await?;
     }

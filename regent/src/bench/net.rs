@@ -427,7 +427,7 @@ impl Drop for QuinnEcho {
 
 /// The peer's side of the bare quinn echo: each bidirectional stream's
 /// bytes are written back as they come.
-async fn serve_quinn_echo(endpoint: quinn::Endpoint) {
+pub(crate) async fn serve_quinn_echo(endpoint: quinn::Endpoint) {
     while let Some(incoming) = endpoint.accept().await {
         tokio::spawn(async move {
             let Ok(conn) = incoming.await else { return };
