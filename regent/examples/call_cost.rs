@@ -9,6 +9,8 @@
 //!
 //! ```sh
 //! REGENT_COST_OPS=20000 cargo run --release -p regent --example call_cost
+//! REGENT_COST_MODE=gather REGENT_COST_PROCS=16 REGENT_COST_SPIN=1 \
+//!     cargo run --release -p regent --example call_cost   # gathers/s
 //! scripts/callgrind-calls.sh call   # instructions per call, by function
 //! scripts/callgrind-calls.sh gather # per gather over 4 procs
 //! ```
@@ -69,10 +71,12 @@ fn main() -> anyhow::Result<()> {
     };
     tokio::runtime::Runtime::new()?.block_on(async {
         let mut config = RuntimeConfig::default();
-        if mode == Mode::Gather {
+        if mode == Mode::Gather && std::env::var_os("REGENT_COST_SPIN").is_none() {
             // One round trip at a time: a control thread would spin between
             // them for a time (and so a count of instructions) that follows
-            // callgrind's pace, not the code's.
+            // callgrind's pace, not the code's. `REGENT_COST_SPIN` (any
+            // value) keeps the spin, to time gathers or profile them with
+            // `perf` as the runtime runs them.
             let endpoint = config.endpoint.clone().control_spin(Duration::ZERO);
             config = config.endpoint(endpoint);
         }
