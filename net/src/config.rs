@@ -47,7 +47,11 @@ pub struct EndpointConfig {
     /// A receiver acknowledges after this many messages of a stream...
     /// Default 64.
     pub ack_every_messages: NonZeroUsize,
-    /// ...or this long after the first unacknowledged one. Default 5 ms.
+    /// ...or this long after the first unacknowledged one. Default 25 ms
+    /// (QUIC's own default delay, which this also sets: see
+    /// `quic_ack_threshold_packets`). Each acknowledgement sent on the
+    /// timer is a packet, and a wake-up of both procs: a 16-proc gather
+    /// every 1.4 ms ran 14% more gathers a second at 25 ms than at 5 ms.
     pub ack_delay: Duration,
     /// QUIC acknowledges received packets after this many ack-eliciting
     /// packets or `ack_delay`, whichever comes first (requested from the peer
@@ -119,7 +123,7 @@ impl Default for EndpointConfig {
             send_buffer_messages: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
             inbox_messages: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
             ack_every_messages: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
-            ack_delay: Duration::from_millis(5),
+            ack_delay: Duration::from_millis(25),
             quic_ack_threshold_packets: 16,
             max_streams_per_peer: 256,
             stream_window_bytes: 512 << 10,
