@@ -700,48 +700,8 @@ where
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     drop(tcp);
     mesh.stop().await?;
-    if let Some(q) = quinn {
-        q.stop().await?;
-        report.push(
-            Figure::new(
-                SUITE,
-                &format!("call_gather_{procs}x{per_proc}_cpu_vs_quinn{suffix}"),
-                micros(cost.cpu) / block as f64,
-                "us",
-            )
-            .samples(block)
-            .against(
-                "quinn_fanout_cpu",
-                micros(quinn_cost.cpu) / block as f64,
-                "us",
-            ),
-        );
-        let quinn_fanout = micros(median(&mut quinn_fanouts));
-        report.push(
-            Figure::new(
-                SUITE,
-                &format!("call_gather_{procs}x{per_proc}_vs_quinn{suffix}"),
-                micros(median(&mut gathers)),
-                "us",
-            )
-            .samples(rounds)
-            .against(&format!("quinn_fanout_{n}"), quinn_fanout, "us"),
-        );
-        report.push(
-            Figure::new(
-                SUITE,
-                &format!("quinn_fanout_{n}_vs_tcp{suffix}"),
-                quinn_fanout,
-                "us",
-            )
-            .samples(rounds)
-            .against(
-                &format!("tcp_fanout_{n}"),
-                micros(median(&mut fanouts)),
-                "us",
-            ),
-        );
-    }
+    let gather = micros(median(&mut gathers));
+    let tcp_fanout = micros(median(&mut fanouts));
     report.push(
         Figure::new(
             SUITE,
@@ -780,7 +740,6 @@ where
             "runs",
         ),
     );
-    let gather = micros(median(&mut gathers));
     report.push(
         Figure::new(
             SUITE,
@@ -789,11 +748,7 @@ where
             "us",
         )
         .samples(rounds)
-        .against(
-            &format!("tcp_fanout_{n}"),
-            micros(median(&mut fanouts)),
-            "us",
-        ),
+        .against(&format!("tcp_fanout_{n}"), tcp_fanout, "us"),
     );
     report.push(
         Figure::new(
@@ -819,6 +774,44 @@ where
         .samples(rounds)
         .against("call_one", micros(median(&mut single)), "us"),
     );
+    if let Some(q) = quinn {
+        q.stop().await?;
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("call_gather_{procs}x{per_proc}_cpu_vs_quinn{suffix}"),
+                micros(cost.cpu) / block as f64,
+                "us",
+            )
+            .samples(block)
+            .against(
+                "quinn_fanout_cpu",
+                micros(quinn_cost.cpu) / block as f64,
+                "us",
+            ),
+        );
+        let quinn_fanout = micros(median(&mut quinn_fanouts));
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("call_gather_{procs}x{per_proc}_vs_quinn{suffix}"),
+                gather,
+                "us",
+            )
+            .samples(rounds)
+            .against(&format!("quinn_fanout_{n}"), quinn_fanout, "us"),
+        );
+        report.push(
+            Figure::new(
+                SUITE,
+                &format!("quinn_fanout_{n}_vs_tcp{suffix}"),
+                quinn_fanout,
+                "us",
+            )
+            .samples(rounds)
+            .against(&format!("tcp_fanout_{n}"), tcp_fanout, "us"),
+        );
+    }
     Ok(())
 }
 
