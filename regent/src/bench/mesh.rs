@@ -82,7 +82,7 @@ use regent_mesh::{
 
 use regent_rdma::{BackendKind, BackendPolicy, RemoteBuffer};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use super::calls::{Cost, ECHO_BYTES, family_cost};
@@ -292,21 +292,6 @@ impl<Q: MeshActor<Args = EchoCredentials, Msg = (), Reply = u16>> QuinnFloor<Q> 
             endpoint,
             streams,
         })
-    }
-
-    /// One round: a request to every server, then every answer, each
-    /// checked (as [`tcp_fanout`]).
-    async fn fanout(&mut self) -> anyhow::Result<()> {
-        let request = [7u8; ECHO_BYTES];
-        for (send, _) in self.streams.iter_mut() {
-            send.write_all(&request).await?;
-        }
-        let mut answer = [0u8; ECHO_BYTES];
-        for (_, recv) in self.streams.iter_mut() {
-            recv.read_exact(&mut answer).await?;
-            anyhow::ensure!(answer == request, "a quinn echo answered other bytes");
-        }
-        Ok(())
     }
 
     async fn stop(self) -> anyhow::Result<()> {
@@ -634,13 +619,14 @@ where
         let port = u16::try_from(port)?;
         let stream = TcpStream::connect(("127.0.0.1", port)).await?;
         stream.set_nodelay(true)?;
-        tcp.push(stream);
+        let (read, write) = stream.into_split();
+        tcp.push((write, read));
     }
     for _ in 0..10 {
         mesh.call(&all, &1).await?.into_result()?;
-        tcp_fanout(&mut tcp).await?;
+        echo_fanout(&mut tcp).await?;
         if let Some(q) = &mut quinn {
-            q.fanout().await?;
+            echo_fanout(&mut q.streams).await?;
         }
     }
     let mut gathers = Vec::with_capacity(rounds);
@@ -654,11 +640,11 @@ where
         gathers.push(t.elapsed());
         anyhow::ensure!(replies.len() == n, "{} of {n} replied", replies.len());
         let t = Instant::now();
-        tcp_fanout(&mut tcp).await?;
+        echo_fanout(&mut tcp).await?;
         fanouts.push(t.elapsed());
         if let Some(q) = &mut quinn {
             let t = Instant::now();
-            q.fanout().await?;
+            echo_fanout(&mut q.streams).await?;
             quinn_fanouts.push(t.elapsed());
         }
         let t = Instant::now();
@@ -686,14 +672,14 @@ where
     cost.add(before, family_cost()?);
     let before = family_cost()?;
     for _ in 0..block {
-        tcp_fanout(&mut tcp).await?;
+        echo_fanout(&mut tcp).await?;
     }
     tcp_cost.add(before, family_cost()?);
     let mut quinn_cost = Cost::default();
     if let Some(q) = &mut quinn {
         let before = family_cost()?;
         for _ in 0..block {
-            q.fanout().await?;
+            echo_fanout(&mut q.streams).await?;
         }
         quinn_cost.add(before, family_cost()?);
     }
@@ -815,17 +801,22 @@ where
     Ok(())
 }
 
-/// One round of the gathers' TCP baseline: a request to every echo server,
-/// then every answer, each checked.
-async fn tcp_fanout(streams: &mut [TcpStream]) -> anyhow::Result<()> {
+/// One round of a gather's floor, over TCP or bare quinn: a request on
+/// every connection (its writing and reading halves), then every answer,
+/// each checked.
+async fn echo_fanout<W, R>(conns: &mut [(W, R)]) -> anyhow::Result<()>
+where
+    W: AsyncWrite + Unpin,
+    R: AsyncRead + Unpin,
+{
     let request = [7u8; ECHO_BYTES];
-    for s in streams.iter_mut() {
-        s.write_all(&request).await?;
+    for (send, _) in conns.iter_mut() {
+        send.write_all(&request).await?;
     }
     let mut answer = [0u8; ECHO_BYTES];
-    for s in streams.iter_mut() {
-        s.read_exact(&mut answer).await?;
-        anyhow::ensure!(answer == request, "a TCP echo answered other bytes");
+    for (_, recv) in conns.iter_mut() {
+        recv.read_exact(&mut answer).await?;
+        anyhow::ensure!(answer == request, "an echo answered other bytes");
     }
     Ok(())
 }
