@@ -109,8 +109,8 @@ fn every_planted_bug_is_caught_within_a_few_seeds() {
 ///   first 10,000, since the control plane's acknowledgement delay went
 ///   from 5 to 25 ms; before, since the workload hands over its
 ///   acknowledged casts in pairs, which batch as calls, 531, 1421, 1433,
-///   1753, 2554, 4908, 5091, 5474, 5500, 5565, 7827, 8377 and 8449; before, with
-///   fire-and-forget batches only, 2559 and 8523 for 7827, before those
+///   1753, 2554, 4908, 5091, 5474, 5500, 5565, 7827, 8377 and 8449;
+///   before, with fire-and-forget batches only, 2559 and 8523 for 7827, before those
 ///   7827 for 2559, and before
 ///   spawns, updates and renewals were relayed 1145, 2554, 2587, 3988,
 ///   5500, 7458, 7469, 7827, 9974, and earlier others: the seeds that meet
