@@ -103,51 +103,15 @@ fn tls_configs(creds: &ProcCredentials) -> Result<(TlsAcceptor, TlsConnector), E
     // After the welcome the connection's frames are sealed with its TLS
     // keys by this crate (`sealed`).
     server.enable_secret_extraction = true;
+    // The control plane's client config (AES-128-GCM first, see
+    // `regent_net::tls::crypto_provider`), with this plane's ALPN.
+    let mut client = creds.client_config()?;
+    client.alpn_protocols = vec![ALPN.to_vec()];
+    client.enable_secret_extraction = true;
     Ok((
         TlsAcceptor::from(Arc::new(server)),
-        TlsConnector::from(Arc::new(client_config(creds)?)),
+        TlsConnector::from(Arc::new(client)),
     ))
-}
-
-/// The control plane's client config, with one change: AES-128-GCM is
-/// offered first (the server follows the client's order), which costs
-/// fewer rounds per byte than AES-256-GCM on bulk data. Same trust (the
-/// cluster CA only), same certificate, TLS 1.3 only.
-fn client_config(creds: &ProcCredentials) -> Result<rustls::ClientConfig, Error> {
-    use rustls::CipherSuite::TLS13_AES_128_GCM_SHA256;
-    use rustls_pki_types::pem::PemObject as _;
-    let tls_err = |context: &'static str| {
-        move |e: rustls::Error| {
-            Error::Net(regent_net::Error::Tls {
-                context,
-                reason: e.to_string(),
-            })
-        }
-    };
-    let mut provider = rustls::crypto::ring::default_provider();
-    provider
-        .cipher_suites
-        .sort_by_key(|s| s.suite() != TLS13_AES_128_GCM_SHA256);
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(creds.ca().clone())
-        .map_err(tls_err("trust the cluster CA"))?;
-    let (_, key_pem, _) = creds.to_pem();
-    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| {
-        Error::Net(regent_net::Error::Certificate {
-            context: "proc key",
-            reason: e.to_string(),
-        })
-    })?;
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(tls_err("client protocol versions"))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(creds.chain().to_vec(), key)
-        .map_err(tls_err("client certificate"))?;
-    config.alpn_protocols = vec![ALPN.to_vec()];
-    config.enable_secret_extraction = true;
-    Ok(config)
 }
 
 /// Socket reads go through a buffer this large: rustls asks for 4 KiB at a
