@@ -74,6 +74,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use regent_mesh::alloc::{Allocator, LocalAllocator};
 use regent_mesh::{
     ActorError, ActorMesh, Member, MemberThread, MeshActor, ProcMesh, Rank, Runtime, RuntimeConfig,
@@ -92,6 +93,9 @@ use super::{BenchOptions, Figure, Report, median, micros};
 const SUITE: &str = "mesh";
 /// The suffix of the figures of members on their proc's thread.
 const ON_PROC: &str = "_on_proc_thread";
+/// How long the floors' connections (TCP connects, quinn handshakes) may
+/// take: a proc that never answers fails the suite instead of hanging it.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The benchmarks' mesh actor: answers `x` with `x` plus its rank, and
 /// [`Echo::TCP_ECHO`] with the port of a TCP echo server it started.
@@ -279,12 +283,13 @@ impl<Q: MeshActor<Args = EchoCredentials, Msg = (), Reply = u16>> QuinnFloor<Q> 
         endpoint.set_default_client_config(client.quic_client_config()?);
         let mut streams = Vec::new();
         for (_, port) in servers.call(&Selection::All, &()).await?.into_result()? {
-            let conn = endpoint
-                .connect(
-                    (std::net::Ipv4Addr::LOCALHOST, port).into(),
-                    server.as_str(),
-                )?
-                .await?;
+            let connecting = endpoint.connect(
+                (std::net::Ipv4Addr::LOCALHOST, port).into(),
+                server.as_str(),
+            )?;
+            let conn = tokio::time::timeout(CONNECT_DEADLINE, connecting)
+                .await
+                .context("a quinn echo's handshake timed out")??;
             streams.push(conn.open_bi().await?);
         }
         Ok(Self {
@@ -617,7 +622,10 @@ where
     let mut tcp = Vec::with_capacity(n);
     for (_, port) in mesh.call(&all, &Echo::TCP_ECHO).await?.into_result()? {
         let port = u16::try_from(port)?;
-        let stream = TcpStream::connect(("127.0.0.1", port)).await?;
+        let stream =
+            tokio::time::timeout(CONNECT_DEADLINE, TcpStream::connect(("127.0.0.1", port)))
+                .await
+                .context("a TCP echo's connect timed out")??;
         stream.set_nodelay(true)?;
         let (read, write) = stream.into_split();
         tcp.push((write, read));
