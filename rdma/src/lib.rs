@@ -101,6 +101,9 @@ pub use manager::{
 };
 pub use memory::{MEMFD_NAME_PREFIX, Memory};
 pub use tcp::TcpLoad;
+// The tcp backend's AEAD work alone, for `regent bench rdma`; not API.
+#[doc(hidden)]
+pub use tcp::seal_and_open as tcp_seal_and_open;
 pub use traffic::{BackendTraffic, Traffic};
 pub use verbs::available as ibverbs_available;
 // The fuzzing entry points of the tcp backend's frames and headers (fuzz/),

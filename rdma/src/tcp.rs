@@ -114,6 +114,14 @@ fn tls_configs(creds: &ProcCredentials) -> Result<(TlsAcceptor, TlsConnector), E
     ))
 }
 
+/// Seals and opens `bytes` in place in the pieces a transfer's frames
+/// carry (AES-128-GCM): the AEAD's CPU per byte, which `regent bench rdma`
+/// adds to a raw stream's for the tcp figures' floor. Not API.
+#[doc(hidden)]
+pub fn seal_and_open(bytes: &mut [u8]) -> std::io::Result<()> {
+    sealed::seal_and_open(bytes, PIECE_BYTES)
+}
+
 /// Socket reads go through a buffer this large: rustls asks for 4 KiB at a
 /// time, which would otherwise cost a system call per 4 KiB.
 const SOCKET_READ_BUFFER_BYTES: usize = 256 << 10;

@@ -15,6 +15,20 @@
 //!   (`tcp_raw_{read,write}_<size>_cpu`). A path that costs C ms of CPU
 //!   per GB moves at most (cores × 1000 / C) GB/s: at 1,000 ms/GB, 2 GB/s
 //!   on 2 cores, whatever the raw stream (which leaves cores idle) does;
+//! - `aead_seal_open_<size>`: sealing and opening every byte once in the
+//!   tcp backend's frames (AES-128-GCM, 256 KiB pieces) on one thread of
+//!   this process, against `memcpy_<size>`; and the tcp figures against
+//!   their floor, what a sealed stream cannot go below: its CPU per GB
+//!   against the raw stream's plus the AEAD's
+//!   (`tcp_{read,write}_<size>_cpu_vs_floor`, baseline
+//!   `tcp_raw_{read,write}_<size>_cpu_plus_aead`), and its rate against the
+//!   raw stream's or, if lower, the rate that CPU allows on this machine's
+//!   cores (`tcp_{read,write}_<size>_vs_floor`, baseline
+//!   `tcp_floor_{read,write}_<size>`). What a sealed transfer does beyond
+//!   the floor is its copies: the sender seals a copy of its bytes (ring
+//!   seals in place only), and a write's owner opens each frame in a piece
+//!   buffer before copying it into the registered buffer, so that only
+//!   authenticated bytes reach it;
 //! - for 64 MiB and up, the same tcp figures with two connections per
 //!   operation (`tcp_{read,write}_<size>_2conns`, parallel streams each
 //!   carrying every other chunk), against the same baselines;
@@ -152,6 +166,7 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
     let mut raw = TcpStream::connect(raw_addr).await?;
     raw.set_nodelay(true)?;
 
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     for &bytes in sizes {
         let name = size_name(bytes);
         let handle = alloc(&mut peer, bytes).await?;
@@ -163,6 +178,7 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         let n = ops_per_round(bytes, opts.quick);
 
         let mut memcpy = Samples::default();
+        let mut aead = Samples::default();
         // (backend, write, tcp connections, samples)
         let mut figures: Vec<(BackendKind, bool, u32, Samples)> = vec![
             (BackendKind::Shm, false, 1, Samples::default()),
@@ -200,6 +216,12 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
                 let t = Instant::now();
                 dst.copy_from_slice(&src);
                 memcpy.0.push(t.elapsed());
+            }
+            std::hint::black_box(&dst[..]);
+            for _ in 0..n {
+                let t = Instant::now();
+                regent_rdma::tcp_seal_and_open(dst)?;
+                aead.0.push(t.elapsed());
             }
             std::hint::black_box(&dst[..]);
             for (i, (kind, write, conns, samples)) in figures.iter_mut().enumerate() {
@@ -243,6 +265,14 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         };
         let raw_read_cost = ms_per_gb(raw_read_cpu, ops * raw_figures(false));
         let raw_write_cost = ms_per_gb(raw_write_cpu, ops * raw_figures(true));
+        // The AEAD on one thread: its time is its CPU.
+        let aead_rate = aead.rate(bytes);
+        let aead_cost = 1e3 / aead_rate;
+        report.push(
+            Figure::new(SUITE, &format!("aead_seal_open_{name}"), aead_rate, "GB/s")
+                .samples(ops)
+                .against(&memcpy_name, memcpy_rate, "GB/s"),
+        );
         for (i, (kind, write, conns, samples)) in figures.iter_mut().enumerate() {
             let op = if *write { "write" } else { "read" };
             let rate = samples.rate(bytes);
@@ -276,18 +306,40 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
                 } else {
                     raw_read_cost
                 };
+                let cost = ms_per_gb(tcp_cpu[i], ops);
+                report.push(
+                    Figure::new(SUITE, &format!("tcp_{op}_{name}_cpu"), cost, "ms/GB")
+                        .samples(ops)
+                        .against(
+                            &format!("tcp_raw_{op}_{}_cpu", size_name(bytes)),
+                            raw_cost,
+                            "ms/GB",
+                        ),
+                );
+                // The floor: the raw stream's CPU plus sealing and opening
+                // every byte once, and the rate that CPU allows on this
+                // machine's cores (or the raw stream's, if lower).
+                let floor_cost = raw_cost + aead_cost;
+                let floor_rate = raw_rate.min(cores * 1e3 / floor_cost);
                 report.push(
                     Figure::new(
                         SUITE,
-                        &format!("tcp_{op}_{name}_cpu"),
-                        ms_per_gb(tcp_cpu[i], ops),
+                        &format!("tcp_{op}_{name}_cpu_vs_floor"),
+                        cost,
                         "ms/GB",
                     )
                     .samples(ops)
                     .against(
-                        &format!("tcp_raw_{op}_{}_cpu", size_name(bytes)),
-                        raw_cost,
+                        &format!("tcp_raw_{op}_{}_cpu_plus_aead", size_name(bytes)),
+                        floor_cost,
                         "ms/GB",
+                    ),
+                );
+                report.push(
+                    Figure::new(SUITE, &format!("tcp_{op}_{name}_vs_floor"), rate, "GB/s").against(
+                        &format!("tcp_floor_{op}_{}", size_name(bytes)),
+                        floor_rate,
+                        "GB/s",
                     ),
                 );
             }
