@@ -11,15 +11,18 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use regent_net::{ActorId, Endpoint, Generation, Message, PortId, ProcId, SendFailure, WireError};
+use regent_net::{
+    ActorId, Endpoint, Generation, Message, PortId, ProcId, SendFailure, TypeTag, WireError,
+};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::protocol::{
-    Contribution, MAX_BATCHED_CASTS, MemberExited, MeshId, MeshInfo, ProcCommand, ProcReply,
-    ReplyBody, SpawnChild, names,
+    ChildCast, Contribution, MAX_BATCHED_CASTS, MemberExited, MeshId, MeshInfo, ProcCommand,
+    ProcReply, ReplyBody, SpawnChild, names,
 };
 
 /// Why a frame could not be handed to the control plane.
@@ -68,6 +71,18 @@ pub(crate) trait Fabric: Send + Sync {
         cmd: ProcCommand,
         deadline: Instant,
     ) -> BoxFuture<'_, Result<(), SendProblem>>;
+    /// Sends `child`, one of a fan-out's cast frames, to the proc of rank
+    /// `proc` like [`Self::command`]: encoded from the fan-out's shared
+    /// runs by a fabric that sends bytes, as a frame by the others.
+    fn command_cast(
+        &self,
+        info: &MeshInfo,
+        proc: u32,
+        child: ChildCast<'_>,
+        deadline: Instant,
+    ) -> BoxFuture<'_, Result<(), SendProblem>> {
+        self.command(info, proc, ProcCommand::Cast(child.frame()), deadline)
+    }
     /// Sends a command to the proc at `addr` (a relay's hop), giving up at
     /// `deadline`.
     fn send_to(
@@ -399,11 +414,36 @@ impl NetFabric {
         message: &M,
         deadline: Instant,
     ) -> Result<(), SendProblem> {
-        let proc = to.proc();
+        let send = self.endpoint.send_ref(&self.me, to, generation, message);
+        self.send_until(to.proc(), deadline, send).await
+    }
+
+    /// [`Self::send_by`] for a message already encoded as a `type_tag`.
+    async fn send_encoded_by(
+        &self,
+        to: &PortId,
+        generation: Generation,
+        type_tag: TypeTag,
+        bytes: Bytes,
+        deadline: Instant,
+    ) -> Result<(), SendProblem> {
+        let send = self
+            .endpoint
+            .send_raw(&self.me, to, generation, type_tag, bytes)
+            .map(|sent| sent.map_err(|e| e.failure));
+        self.send_until(to.proc(), deadline, send).await
+    }
+
+    /// Runs `send` to `proc` until `deadline`, unless `proc` is known lost.
+    async fn send_until(
+        &self,
+        proc: &ProcId,
+        deadline: Instant,
+        send: impl Future<Output = Result<(), SendFailure>>,
+    ) -> Result<(), SendProblem> {
         if self.lost.contains(proc) {
             return Err(SendProblem::Lost(proc.clone()));
         }
-        let send = self.endpoint.send_ref(&self.me, to, generation, message);
         match tokio::time::timeout_at(deadline, send).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(failure)) => Err(SendProblem::of(proc, &failure)),
@@ -434,6 +474,36 @@ impl Fabric for NetFabric {
                 &proc_port(&proc, names::COMMAND_PORT),
                 generation,
                 &cmd,
+                deadline,
+            )
+            .await
+        }
+        .boxed()
+    }
+
+    fn command_cast(
+        &self,
+        info: &MeshInfo,
+        proc: u32,
+        child: ChildCast<'_>,
+        deadline: Instant,
+    ) -> BoxFuture<'_, Result<(), SendProblem>> {
+        let (Some(target), Ok(bytes)) = (
+            info.procs.get(proc as usize).map(|a| a.proc.clone()),
+            child.bytes(),
+        ) else {
+            // The whole frame says why, as any command would.
+            return self.command(info, proc, ProcCommand::Cast(child.frame()), deadline);
+        };
+        self.commands_sent.fetch_add(1, Ordering::Relaxed);
+        let generation = info.generation;
+        async move {
+            let to = proc_port(&target, names::COMMAND_PORT);
+            self.send_encoded_by(
+                &to,
+                generation,
+                TypeTag::of::<ProcCommand>(),
+                bytes,
                 deadline,
             )
             .await

@@ -330,6 +330,188 @@ impl CastFrame {
     }
 }
 
+/// A cast frame's encoding as a [`ProcCommand::Cast`] for the children of
+/// one fan-out, whose frames differ only in `procs` and the call number of
+/// `reply` (every child answers to the same port): the rest is encoded
+/// once, and each child's bytes are those runs with its own fields between
+/// them. postcard writes a struct's fields in order with nothing between
+/// them, an enum's variant as its index before its content, and an
+/// option's tag before its value, so the bytes equal the derived encoding
+/// of the child's command (a property test checks them against it).
+#[derive(Debug)]
+pub(crate) struct CastEncoding {
+    /// The runs, back to back: the variant's index and the fields before
+    /// `procs`; the fields between `procs` and `reply`; the reply's port;
+    /// the fields after `reply`.
+    runs: Vec<u8>,
+    /// Where the middle, port and tail runs start in `runs`.
+    middle: usize,
+    port: usize,
+    tail: usize,
+    /// The port every child answers to, `None` for fire-and-forget.
+    reply_port: Option<PortId>,
+    /// Every child's budget.
+    budget_ms: u32,
+}
+
+/// One child of a fan-out: its frame is the fan-out's with its own `procs`
+/// and `reply` and the children's budget.
+pub(crate) struct ChildCast<'a> {
+    /// The frame the fan-out forwards.
+    pub(crate) frame: &'a CastFrame,
+    /// Its children's shared runs.
+    pub(crate) encoded: &'a CastEncoding,
+    /// The procs the child's subtree covers.
+    pub(crate) procs: (u32, u32),
+    /// Where the child answers.
+    pub(crate) reply: Option<ReplyTo>,
+}
+
+impl ChildCast<'_> {
+    /// The child's frame.
+    pub(crate) fn frame(self) -> CastFrame {
+        CastFrame {
+            procs: self.procs,
+            reply: self.reply,
+            budget_ms: self.encoded.budget_ms,
+            ..self.frame.clone()
+        }
+    }
+
+    /// The child's command, encoded.
+    pub(crate) fn bytes(&self) -> Result<Bytes, String> {
+        self.encoded.child(self.procs, self.reply.as_ref())
+    }
+}
+
+impl CastEncoding {
+    /// The shared runs of `frame`'s children, each with `budget_ms` and
+    /// answering to `reply_port`.
+    pub(crate) fn new(
+        frame: &CastFrame,
+        budget_ms: u32,
+        reply_port: Option<PortId>,
+    ) -> Result<Self, String> {
+        /// [`ProcCommand`]'s variants up to `Cast`, at the same indices.
+        #[derive(Serialize)]
+        #[allow(dead_code)] // only `Cast` is built; the others keep its index
+        enum CommandHead<'a> {
+            Spawn(()),
+            Stop(()),
+            Respawn(()),
+            Update(()),
+            Failed(()),
+            Cast(Head<'a>),
+        }
+        #[derive(Serialize)]
+        struct Head<'a> {
+            mesh: &'a MeshId,
+            generation: &'a Generation,
+            token: &'a CastToken,
+            origin: &'a ActorId,
+            order: &'a CastOrder,
+            view: &'a Shape,
+            selection: &'a Selection,
+            seed: u64,
+        }
+        #[derive(Serialize)]
+        struct Middle<'a> {
+            per_proc: u32,
+            lost: &'a Vec<u32>,
+            payload: &'a Bytes,
+            more: &'a Vec<Bytes>,
+        }
+        #[derive(Serialize)]
+        struct Tail<'a> {
+            collect: &'a Collect,
+            budget_ms: u32,
+        }
+        // Every field named, in order: a field added to `CastFrame` fails
+        // to compile here until it has its place in a run.
+        let CastFrame {
+            mesh,
+            generation,
+            token,
+            origin,
+            order,
+            view,
+            selection,
+            seed,
+            procs: _,
+            per_proc,
+            lost,
+            payload,
+            more,
+            reply: _,
+            collect,
+            budget_ms: _,
+        } = frame;
+        let err = |e: postcard::Error| e.to_string();
+        let room = 256 + payload.len() + more.iter().map(|m| m.len() + 5).sum::<usize>();
+        let head = CommandHead::Cast(Head {
+            mesh,
+            generation,
+            token,
+            origin,
+            order,
+            view,
+            selection,
+            seed: *seed,
+        });
+        let runs = postcard::to_extend(&head, Vec::with_capacity(room)).map_err(err)?;
+        let middle = runs.len();
+        let runs = postcard::to_extend(
+            &Middle {
+                per_proc: *per_proc,
+                lost,
+                payload,
+                more,
+            },
+            runs,
+        )
+        .map_err(err)?;
+        let port = runs.len();
+        let runs = match &reply_port {
+            Some(p) => postcard::to_extend(p, runs).map_err(err)?,
+            None => runs,
+        };
+        let tail = runs.len();
+        let runs = postcard::to_extend(&Tail { collect, budget_ms }, runs).map_err(err)?;
+        Ok(Self {
+            runs,
+            middle,
+            port,
+            tail,
+            reply_port,
+            budget_ms,
+        })
+    }
+
+    /// The encoded command of the child covering `procs`, answering to
+    /// `reply`; refused if `reply` is not to the port the runs hold.
+    fn child(&self, procs: (u32, u32), reply: Option<&ReplyTo>) -> Result<Bytes, String> {
+        let err = |e: postcard::Error| e.to_string();
+        let call = match (reply, &self.reply_port) {
+            (None, None) => None,
+            (Some(reply), Some(port)) if reply.port == *port => Some(reply.call),
+            _ => return Err("a reply to another port than the fan-out's".into()),
+        };
+        // Room for the two varints of `procs`, the option's tag, the call.
+        let mut bytes = Vec::with_capacity(self.runs.len() + 2 * 5 + 1 + 10);
+        bytes.extend_from_slice(&self.runs[..self.middle]);
+        let mut bytes = postcard::to_extend(&procs, bytes).map_err(err)?;
+        bytes.extend_from_slice(&self.runs[self.middle..self.port]);
+        bytes.push(u8::from(call.is_some()));
+        bytes.extend_from_slice(&self.runs[self.port..self.tail]);
+        let mut bytes = match call {
+            Some(call) => postcard::to_extend(&call, bytes).map_err(err)?,
+            None => bytes,
+        };
+        bytes.extend_from_slice(&self.runs[self.tail..]);
+        Ok(Bytes::from(bytes))
+    }
+}
+
 /// The result of a subtree.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Contribution {
@@ -960,5 +1142,121 @@ mod stats_tests {
         c.control.frames_sent = 5;
         c.payload.tcp.reads = 0;
         assert!(!c.covers(&a) && !a.covers(&c));
+    }
+}
+
+#[cfg(test)]
+mod cast_encoding_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::shape::tests::arb_shape;
+
+    fn actor(proc: &str, name: &str, index: u32) -> ActorId {
+        ActorId {
+            proc: ProcId::new(proc).unwrap(),
+            name: ActorName::new(name).unwrap(),
+            index,
+        }
+    }
+
+    fn bytes(max: usize) -> impl Strategy<Value = Bytes> {
+        proptest::collection::vec(any::<u8>(), 0..max).prop_map(Bytes::from)
+    }
+
+    fn frame() -> impl Strategy<Value = CastFrame> {
+        let selection = prop_oneof![
+            Just(Selection::All),
+            Just(Selection::None),
+            Just("procs=0..2".parse::<Selection>().unwrap()),
+        ];
+        let collect = prop_oneof![
+            Just(Collect::Ack),
+            Just(Collect::Gather),
+            "[a-z]{0,12}".prop_map(Collect::Reduce),
+        ];
+        (
+            (any::<[u64; 3]>(), any::<u128>(), arb_shape(3, 4), selection),
+            (any::<u32>(), proptest::collection::vec(any::<u32>(), 0..4)),
+            (
+                bytes(300),
+                proptest::collection::vec(bytes(40), 0..3),
+                collect,
+            ),
+            ("[a-z0-9]{1,20}", any::<u64>()),
+        )
+            .prop_map(
+                |(
+                    ([mesh, generation, seed], token, view, selection),
+                    (per_proc, lost),
+                    (payload, more, collect),
+                    (name, index),
+                )| CastFrame {
+                    mesh: MeshId(mesh),
+                    generation: Generation(generation),
+                    token: CastToken(token),
+                    origin: actor("controller", &name, index as u32),
+                    order: CastOrder {
+                        caster: seed.rotate_left(7),
+                        seq: index,
+                    },
+                    view,
+                    selection,
+                    seed,
+                    procs: (0, 1),
+                    per_proc,
+                    lost,
+                    payload,
+                    more,
+                    reply: None,
+                    collect,
+                    budget_ms: 0,
+                },
+            )
+    }
+
+    fn port() -> impl Strategy<Value = PortId> {
+        ("[a-z0-9]{1,30}", any::<u32>())
+            .prop_map(|(proc, port)| actor(&proc, "regent-proc", 0).port(port))
+    }
+
+    proptest! {
+        /// Each child's bytes from the shared runs are the derived encoding
+        /// of its whole command, whatever the fields hold.
+        #[test]
+        fn a_child_encodes_as_its_whole_command(
+            frame in frame(),
+            reply_port in proptest::option::of(port()),
+            children in proptest::collection::vec((any::<(u32, u32)>(), any::<u64>()), 1..4),
+            budget_ms in any::<u32>(),
+            other in port(),
+        ) {
+            let encoded = CastEncoding::new(&frame, budget_ms, reply_port.clone()).unwrap();
+            for (procs, call) in children {
+                let reply = reply_port.clone().map(|port| ReplyTo { port, call });
+                let child = ChildCast { frame: &frame, encoded: &encoded, procs, reply: reply.clone() };
+                let bytes = child.bytes().unwrap();
+                let whole = ProcCommand::Cast(CastFrame {
+                    procs,
+                    reply,
+                    budget_ms,
+                    ..frame.clone()
+                });
+                // The frame a fabric without bytes sends is the same command.
+                prop_assert_eq!(format!("{:?}", ProcCommand::Cast(child.frame())), format!("{whole:?}"));
+                prop_assert_eq!(&bytes[..], &encode(&whole).unwrap()[..]);
+                // And it decodes back to that command.
+                let back: ProcCommand = decode(&bytes).unwrap();
+                prop_assert_eq!(format!("{back:?}"), format!("{whole:?}"));
+                // A reply elsewhere than the runs' port is refused.
+                let elsewhere = ReplyTo { port: other.clone(), call };
+                if reply_port.as_ref() != Some(&other) {
+                    prop_assert!(encoded.child(procs, Some(&elsewhere)).is_err());
+                }
+                if reply_port.is_some() {
+                    prop_assert!(encoded.child(procs, None).is_err());
+                }
+            }
+        }
     }
 }

@@ -24,7 +24,9 @@ use tokio::time::Instant;
 use crate::error::{EncodedReply, MemberError};
 use crate::fabric::{ChildResult, Fabric, Pending, ResultsSender, Waiter};
 use crate::mailbox::MemberMsg;
-use crate::protocol::{CastFrame, Collect, Contribution, MeshInfo, ProcCommand, ReplyTo};
+use crate::protocol::{
+    CastEncoding, CastFrame, ChildCast, Collect, Contribution, MeshInfo, ProcCommand, ReplyTo,
+};
 use crate::reducer;
 use crate::selection::Selected;
 use crate::shape::Rank;
@@ -207,6 +209,8 @@ pub(crate) async fn dispatch(
     };
     chunks.reverse(); // a stack, taken in order
     let child_budget = (f64::from(frame.budget_ms) * CHILD_BUDGET_SHARE) as u32;
+    // The children's shared fields, encoded at the first child sent to.
+    let mut encoded: Option<Result<CastEncoding, String>> = None;
     while let Some(chunk) = chunks.pop() {
         let ranks = member_ranks(info.per_proc, chunk.clone());
         let chosen = selected_in(selected, ranks);
@@ -227,9 +231,6 @@ pub(crate) async fn dispatch(
             chunks.extend(below.into_iter().rev());
             continue;
         }
-        let mut child = CastFrame::clone(frame);
-        child.procs = (chunk.start, chunk.end);
-        child.budget_ms = child_budget;
         let Some(head_proc) = info.procs.get(chunk.start as usize).map(|a| a.proc.clone()) else {
             continue; // validated frames keep chunks inside the mesh
         };
@@ -241,14 +242,36 @@ pub(crate) async fn dispatch(
                 from: head_proc.clone(),
             }))
         });
-        child.reply = call.map(|call| ReplyTo {
+        let procs = (chunk.start, chunk.end);
+        let reply = call.map(|call| ReplyTo {
             port: fabric.reply_port(),
             call,
         });
-        match fabric
-            .command(info, chunk.start, ProcCommand::Cast(child), deadline)
-            .await
-        {
+        let encoded = encoded.get_or_insert_with(|| {
+            CastEncoding::new(frame, child_budget, replies.then(|| fabric.reply_port()))
+        });
+        let sent = match encoded {
+            Ok(encoded) => {
+                let child = ChildCast {
+                    frame,
+                    encoded,
+                    procs,
+                    reply,
+                };
+                fabric.command_cast(info, chunk.start, child, deadline)
+            }
+            // The whole frame's encoding says why, as any command would.
+            Err(_) => {
+                let child = CastFrame {
+                    procs,
+                    reply,
+                    budget_ms: child_budget,
+                    ..CastFrame::clone(frame)
+                };
+                fabric.command(info, chunk.start, ProcCommand::Cast(child), deadline)
+            }
+        };
+        match sent.await {
             Ok(()) => {
                 if let Some(call) = call {
                     for (d, call) in ds.iter_mut().zip(call..) {
