@@ -70,7 +70,22 @@ fn main() -> anyhow::Result<()> {
         (_, _) => 1,
     };
     tokio::runtime::Runtime::new()?.block_on(async {
-        let mut config = RuntimeConfig::default();
+        // Under callgrind every process runs some fifty times slower, and
+        // a proc whose heartbeats came later than the default 1 s was now
+        // and then declared lost while the mesh spawned (or could outlive
+        // its lease between renewals). A long silence allowed changes
+        // nothing while links carry traffic; a long lease also keeps the
+        // renewals (signed, verified at every proc) out of the counts.
+        let mut config = RuntimeConfig {
+            owner_lease: Duration::from_secs(300),
+            ..RuntimeConfig::default()
+        };
+        let endpoint = config
+            .endpoint
+            .clone()
+            .failure_timeout(Duration::from_secs(60))
+            .connect_timeout(Duration::from_secs(60));
+        config = config.endpoint(endpoint);
         if mode == Mode::Gather && std::env::var_os("REGENT_COST_SPIN").is_none() {
             // One round trip at a time: a control thread would spin between
             // them for a time (and so a count of instructions) that follows
