@@ -265,7 +265,8 @@ pub(crate) async fn run(opts: BenchOptions, report: &mut Report) -> anyhow::Resu
         };
         let raw_read_cost = ms_per_gb(raw_read_cpu, ops * raw_figures(false));
         let raw_write_cost = ms_per_gb(raw_write_cpu, ops * raw_figures(true));
-        // The AEAD on one thread: its time is its CPU.
+        // The AEAD on one thread: its time is its CPU, or more where the
+        // thread waited for a core (then the floor's cost errs high).
         let aead_rate = aead.rate(bytes);
         let aead_cost = 1e3 / aead_rate;
         report.push(
