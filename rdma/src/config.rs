@@ -36,10 +36,12 @@ pub struct ManagerConfig {
     pub tcp_window_chunks: NonZeroU32,
     /// Connections per (reader, owner) pair used by one operation.
     /// Default 1 (2 cores on the reference machine). The owner serves each
-    /// connection in a task of its own, so more spread its side (a read's
-    /// copy and sealing) over its runtime's threads; the caller drives all
-    /// of one operation's connections from its one task, so a write's
-    /// copy and sealing stay on one core.
+    /// connection in a task of its own, and the caller, on a multi-thread
+    /// runtime, runs each of an operation's connections on a thread of its
+    /// own, so more spread both sides' copying and sealing over the cores.
+    /// On 2 cores, where both processes' work already fills them, 2
+    /// connections moved 64 MiB writes about 10% faster than 1 and reads
+    /// 0-5% (16 operations each, two runs).
     pub tcp_connections: NonZeroU32,
     /// Authenticated connections the tcp server serves at once (counted
     /// once the handshake and identity check are done). Default 256.

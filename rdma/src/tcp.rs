@@ -827,6 +827,56 @@ pub(crate) struct TcpClient {
     reuse_within: Duration,
 }
 
+/// Runs the streams of one operation, one per connection, and returns the
+/// first failure by stream.
+///
+/// On a multi-thread runtime, each stream of several runs on a thread of
+/// its own: this one (off the runtime's workers, through
+/// `block_in_place`, so their other tasks move on) and scoped threads for
+/// the others, all joined before this returns. Streams that one task
+/// drove would take turns on one core, while a sealed stream's sender is
+/// bound by its CPU (copying and sealing each piece). One stream, or any
+/// on a current-thread runtime, runs here.
+pub(crate) async fn parallel_streams<F>(streams: Vec<F>) -> Result<(), Error>
+where
+    F: Future<Output = Result<(), Error>> + Send,
+{
+    let threads = streams.len() > 1
+        && tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if !threads {
+        return futures::future::try_join_all(streams).await.map(|_| ());
+    }
+    let rt = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            let mut streams = streams.into_iter();
+            let here = streams.next();
+            let others: Vec<_> = streams
+                .map(|stream| {
+                    let rt = &rt;
+                    std::thread::Builder::new()
+                        .name("regent-rdma-tcp".into())
+                        .spawn_scoped(scope, move || rt.block_on(stream))
+                })
+                .collect();
+            // A stream whose thread could not start was never polled:
+            // nothing of it reached the connection, which the failure
+            // retires.
+            let mut results = vec![here.map_or(Ok(()), |stream| rt.block_on(stream))];
+            for thread in others {
+                results.push(match thread {
+                    Ok(thread) => thread
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                    Err(e) => Err(Error::io("start a tcp stream's thread")(e)),
+                });
+            }
+            results.into_iter().collect()
+        })
+    })
+}
+
 /// Owners whose connections are kept at once.
 const MAX_POOLED_OWNERS: usize = 1024;
 
@@ -1019,14 +1069,13 @@ impl TcpClient {
             jobs[i % n].chunks.push((at, chunk));
         }
         let mut conns = self.checkout(remote.owner(), addr, n).await?;
-        let result = futures::future::try_join_all(
-            conns
-                .iter_mut()
-                .zip(jobs)
-                .map(|(c, job)| self.read_job(c, remote, addr, job)),
-        )
-        .await;
-        self.finish(remote, addr, conns, result.map(|_| ()))
+        let streams = conns
+            .iter_mut()
+            .zip(jobs)
+            .map(|(c, job)| self.read_job(c, remote, addr, job))
+            .collect();
+        let result = parallel_streams(streams).await;
+        self.finish(remote, addr, conns, result)
     }
 
     /// Writes `src` to `remote` at `offset`.
@@ -1044,14 +1093,13 @@ impl TcpClient {
             jobs[i % n].chunks.push((at, chunk));
         }
         let mut conns = self.checkout(remote.owner(), addr, n).await?;
-        let result = futures::future::try_join_all(
-            conns
-                .iter_mut()
-                .zip(jobs)
-                .map(|(c, job)| self.write_job(c, remote, addr, job)),
-        )
-        .await;
-        self.finish(remote, addr, conns, result.map(|_| ()))
+        let streams = conns
+            .iter_mut()
+            .zip(jobs)
+            .map(|(c, job)| self.write_job(c, remote, addr, job))
+            .collect();
+        let result = parallel_streams(streams).await;
+        self.finish(remote, addr, conns, result)
     }
 
     fn finish(

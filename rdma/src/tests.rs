@@ -1236,6 +1236,97 @@ fn shm_copies_are_whole_on_a_current_thread_runtime() {
     );
 }
 
+/// Reads and writes over three connections per operation, chunks of 64
+/// KiB dealt round-robin: every byte lands where it belongs, whether the
+/// streams run on threads of their own or share this task.
+fn parallel_streams_move_every_byte(rt: tokio::runtime::Runtime) {
+    rt.block_on(async {
+        let p = pair(
+            ManagerConfig::default()
+                .backend(BackendPolicy::Only(BackendKind::Tcp))
+                .tcp_connections(std::num::NonZeroU32::new(3).unwrap())
+                .tcp_chunk_bytes(std::num::NonZeroU32::new(64 << 10).unwrap()),
+        )
+        .await;
+        let len = (4 << 20) + 12_345;
+        let data = pattern(len, 11);
+        let mut buf = p.owner.register(Memory::copy_from(&data).unwrap()).unwrap();
+        let h = buf.handle().clone();
+        for round in 0..3u8 {
+            let mut got = vec![0u8; len - 777];
+            p.reader.read_into(&h, 777, &mut got).await.unwrap();
+            assert!(
+                got[..] == buf.try_lock_local().unwrap()[777..],
+                "read {round}"
+            );
+            let new = pattern(len - 1001 - usize::from(round), 40 + round);
+            p.reader.write_from(&h, 1001, &new).await.unwrap();
+            assert!(
+                buf.try_lock_local().unwrap()[1001..1001 + new.len()] == new[..],
+                "write {round}"
+            );
+        }
+        // The operations reused their connections: three, not one per
+        // operation and stream.
+        assert_eq!(p.owner.tcp_load().connections, 3);
+    });
+}
+
+#[test]
+fn parallel_streams_move_every_byte_on_a_multi_thread_runtime() {
+    parallel_streams_move_every_byte(runtime());
+}
+
+#[test]
+fn parallel_streams_move_every_byte_on_a_current_thread_runtime() {
+    parallel_streams_move_every_byte(
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+    );
+}
+
+/// Each stream of an operation on a multi-thread runtime runs on a thread
+/// of its own: streams that each wait, without yielding, for the others to
+/// have started all finish. Driven by one task, the first would wait alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_streams_run_each_on_a_thread_of_its_own() {
+    const STREAMS: usize = 3;
+    let arrived = std::sync::atomic::AtomicUsize::new(0);
+    let streams = (0..STREAMS)
+        .map(|_| async {
+            arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let waited = std::time::Instant::now();
+            while arrived.load(std::sync::atomic::Ordering::SeqCst) < STREAMS {
+                if waited.elapsed() > Duration::from_secs(5) {
+                    return Err(Error::Config("a stream waited alone".into()));
+                }
+                std::thread::yield_now();
+            }
+            Ok(())
+        })
+        .collect();
+    crate::tcp::parallel_streams(streams).await.unwrap();
+    // The first failure, by stream, is the answer; every stream ran.
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    let streams = (0..STREAMS)
+        .map(|i| {
+            let ran = &ran;
+            async move {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                match i {
+                    0 => Ok(()),
+                    _ => Err(Error::Config(format!("stream {i}"))),
+                }
+            }
+        })
+        .collect();
+    let err = crate::tcp::parallel_streams(streams).await.unwrap_err();
+    assert!(matches!(&err, Error::Config(m) if m == "stream 1"), "{err}");
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), STREAMS);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_beyond_the_table_evict_the_oldest() {
     let p = pair(

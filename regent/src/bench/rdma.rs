@@ -31,7 +31,8 @@
 //!   authenticated bytes reach it;
 //! - for 64 MiB and up, the same tcp figures with two connections per
 //!   operation (`tcp_{read,write}_<size>_2conns`, parallel streams each
-//!   carrying every other chunk), against the same baselines;
+//!   carrying every other chunk, each on a thread of its own at both
+//!   ends), against the same baselines;
 //! - `ctrl_rtt_during_1GiB_copy` (also with `--quick`): the longest
 //!   control round trip (a small TCP echo on the reader's runtime) while a
 //!   task of that runtime reads 1 GiB through shm, against the longest over
