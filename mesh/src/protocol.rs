@@ -354,8 +354,9 @@ pub(crate) struct CastEncoding {
     budget_ms: u32,
 }
 
-/// One child of a fan-out: its frame is the fan-out's with its own `procs`
-/// and `reply` and the children's budget.
+/// One child of a fan-out: its frame is the fan-out's with its own `procs`,
+/// its call number at the children's reply port, and the children's
+/// budget.
 pub(crate) struct ChildCast<'a> {
     /// The frame the fan-out forwards.
     pub(crate) frame: &'a CastFrame,
@@ -363,8 +364,9 @@ pub(crate) struct ChildCast<'a> {
     pub(crate) encoded: &'a CastEncoding,
     /// The procs the child's subtree covers.
     pub(crate) procs: (u32, u32),
-    /// Where the child answers.
-    pub(crate) reply: Option<ReplyTo>,
+    /// The child's call number, where the children answer (the runs'
+    /// reply port); `None` where they do not.
+    pub(crate) call: Option<u64>,
 }
 
 impl ChildCast<'_> {
@@ -372,7 +374,12 @@ impl ChildCast<'_> {
     pub(crate) fn frame(self) -> CastFrame {
         CastFrame {
             procs: self.procs,
-            reply: self.reply,
+            reply: self
+                .encoded
+                .reply_port
+                .clone()
+                .zip(self.call)
+                .map(|(port, call)| ReplyTo { port, call }),
             budget_ms: self.encoded.budget_ms,
             ..self.frame.clone()
         }
@@ -380,7 +387,7 @@ impl ChildCast<'_> {
 
     /// The child's command, encoded.
     pub(crate) fn bytes(&self) -> Result<Bytes, String> {
-        self.encoded.child(self.procs, self.reply.as_ref())
+        self.encoded.child(self.procs, self.call)
     }
 }
 
@@ -487,15 +494,14 @@ impl CastEncoding {
         })
     }
 
-    /// The encoded command of the child covering `procs`, answering to
-    /// `reply`; refused if `reply` is not to the port the runs hold.
-    fn child(&self, procs: (u32, u32), reply: Option<&ReplyTo>) -> Result<Bytes, String> {
+    /// The encoded command of the child covering `procs`, answering as
+    /// `call` at the runs' reply port; refused if `call` is there without
+    /// a port or missing with one.
+    fn child(&self, procs: (u32, u32), call: Option<u64>) -> Result<Bytes, String> {
         let err = |e: postcard::Error| e.to_string();
-        let call = match (reply, &self.reply_port) {
-            (None, None) => None,
-            (Some(reply), Some(port)) if reply.port == *port => Some(reply.call),
-            _ => return Err("a reply to another port than the fan-out's".into()),
-        };
+        if call.is_some() != self.reply_port.is_some() {
+            return Err("a child's call number without the fan-out's reply port".into());
+        }
         // Room for the two varints of `procs`, the option's tag, the call.
         let mut bytes = Vec::with_capacity(self.runs.len() + 2 * 5 + 1 + 10);
         bytes.extend_from_slice(&self.runs[..self.middle]);
@@ -1229,12 +1235,13 @@ mod cast_encoding_tests {
             reply_port in proptest::option::of(port()),
             children in proptest::collection::vec((any::<(u32, u32)>(), any::<u64>()), 1..4),
             budget_ms in any::<u32>(),
-            other in port(),
+            other in any::<u64>(),
         ) {
             let encoded = CastEncoding::new(&frame, budget_ms, reply_port.clone()).unwrap();
             for (procs, call) in children {
                 let reply = reply_port.clone().map(|port| ReplyTo { port, call });
-                let child = ChildCast { frame: &frame, encoded: &encoded, procs, reply: reply.clone() };
+                let call = reply.as_ref().map(|r| r.call);
+                let child = ChildCast { frame: &frame, encoded: &encoded, procs, call };
                 let bytes = child.bytes().unwrap();
                 let whole = ProcCommand::Cast(CastFrame {
                     procs,
@@ -1248,14 +1255,13 @@ mod cast_encoding_tests {
                 // And it decodes back to that command.
                 let back: ProcCommand = decode(&bytes).unwrap();
                 prop_assert_eq!(format!("{back:?}"), format!("{whole:?}"));
-                // A reply elsewhere than the runs' port is refused.
-                let elsewhere = ReplyTo { port: other.clone(), call };
-                if reply_port.as_ref() != Some(&other) {
-                    prop_assert!(encoded.child(procs, Some(&elsewhere)).is_err());
-                }
-                if reply_port.is_some() {
-                    prop_assert!(encoded.child(procs, None).is_err());
-                }
+                // A call number without the runs' port, or none with it,
+                // is refused.
+                let mismatched = match call {
+                    Some(_) => None,
+                    None => Some(other),
+                };
+                prop_assert!(encoded.child(procs, mismatched).is_err());
             }
         }
     }

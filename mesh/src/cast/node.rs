@@ -243,10 +243,6 @@ pub(crate) async fn dispatch(
             }))
         });
         let procs = (chunk.start, chunk.end);
-        let reply = call.map(|call| ReplyTo {
-            port: fabric.reply_port(),
-            call,
-        });
         let encoded = encoded.get_or_insert_with(|| {
             CastEncoding::new(frame, child_budget, replies.then(|| fabric.reply_port()))
         });
@@ -256,7 +252,7 @@ pub(crate) async fn dispatch(
                     frame,
                     encoded,
                     procs,
-                    reply,
+                    call,
                 };
                 fabric.command_cast(info, chunk.start, child, deadline)
             }
@@ -264,7 +260,10 @@ pub(crate) async fn dispatch(
             Err(_) => {
                 let child = CastFrame {
                     procs,
-                    reply,
+                    reply: call.map(|call| ReplyTo {
+                        port: fabric.reply_port(),
+                        call,
+                    }),
                     budget_ms: child_budget,
                     ..CastFrame::clone(frame)
                 };
