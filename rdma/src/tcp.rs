@@ -44,7 +44,7 @@ use crate::error::Error;
 use crate::handle::{BufferId, RemoteBuffer, Token};
 use crate::memory::Region;
 use crate::verbs::{self, QP_ENDPOINT_BYTES, QpEndpoint};
-use sealed::{HEAD_BYTES, MAX_FRAME_BYTES, Room, Sealed, same_page_offset};
+use sealed::{MAX_FRAME_BYTES, Room, Sealed, same_page_offset};
 use wire::{
     ALPN, HELLO_MAGIC, Op, REQUEST_BYTES, RESPONSE_BYTES, Request, Response, Status, WELCOME_BUSY,
     WELCOME_OK, WELCOME_REFUSED, token_eq,
@@ -559,9 +559,10 @@ async fn serve_connection(
         reason,
     })?;
 
-    // A read piece is sealed in place (length, payload, tag); a write
-    // piece is opened in place. Each is placed like the bytes of the region
-    // it is copied from or into.
+    // A read piece is sealed from the region into its frame (length,
+    // payload, tag); a write piece is opened in place, then copied into the
+    // region. Each is placed like the bytes of the region it is sealed from
+    // or copied into.
     let mut room = Room::new(PIECE_BYTES);
     let mut qps = Vec::new();
     loop {
@@ -595,16 +596,11 @@ async fn serve_connection(
                     }
                 };
                 if len == 0 {
-                    let status = region_copy(
-                        &region,
-                        req.offset as usize,
-                        window,
-                        Piece::Out(&mut []),
-                        op_timeout,
-                    )
-                    .await
-                    .err()
-                    .unwrap_or(Status::Ok);
+                    let at = req.offset as usize;
+                    let status = region_access(&region, Kind::Read, at, 0, window, op_timeout)
+                        .await
+                        .err()
+                        .unwrap_or(Status::Ok);
                     send_response(&mut tls, status, 0, op_timeout).await?;
                     continue;
                 }
@@ -612,20 +608,21 @@ async fn serve_connection(
                 while done < len {
                     let n = (len - done).min(PIECE_BYTES);
                     let at = req.offset as usize + done;
-                    let piece = room.frame(n, region.data_ptr().wrapping_add(at));
-                    let copied = region_copy(
-                        &region,
-                        at,
-                        window,
-                        Piece::Out(&mut piece[HEAD_BYTES..HEAD_BYTES + n]),
-                        op_timeout,
-                    )
-                    .await;
-                    match copied {
-                        Ok(()) if done == 0 => {
-                            queue_header(&mut tls, Status::Ok, req.len_bytes)?;
-                        }
-                        Ok(()) => {}
+                    let frame = room.frame(n, region.data_ptr().wrapping_add(at));
+                    // Sealed straight from the region, under its slot (the
+                    // answer's header first: a frame's sequence number is
+                    // its place in the stream).
+                    let sealed = region_access(&region, Kind::Read, at, n, window, op_timeout)
+                        .await
+                        .map(|entered| {
+                            if done == 0 {
+                                queue_header(&mut tls, Status::Ok, req.len_bytes)?;
+                            }
+                            tls.seal_into(entered.view(at, n), frame)
+                                .map_err(Error::io("seal read data"))
+                        });
+                    match sealed {
+                        Ok(sealed) => sealed?,
                         Err(status) if done == 0 => {
                             send_response(&mut tls, status, 0, op_timeout).await?;
                             break;
@@ -644,7 +641,7 @@ async fn serve_connection(
                         }
                     }
                     // Header (first piece) and sealed piece in one write.
-                    within(op_timeout, "send read data", tls.send(piece)).await?;
+                    within(op_timeout, "send read data", tls.write_frame(frame)).await?;
                     done += n;
                 }
             }
@@ -673,17 +670,21 @@ async fn serve_connection(
                         .map_err(Error::io("read write data"))?;
                     // Refused writes are read and dropped, keeping the
                     // stream in step.
-                    if let (Ok(region), Status::Ok) = (&target, status)
-                        && let Err(s) = region_copy(
-                            region,
-                            req.offset as usize + done,
-                            window,
-                            Piece::In(&piece[..n]),
-                            op_timeout,
-                        )
-                        .await
-                    {
-                        status = s;
+                    if let (Ok(region), Status::Ok) = (&target, status) {
+                        let at = req.offset as usize + done;
+                        match region_access(region, Kind::Write, at, n, window, op_timeout).await {
+                            Ok(entered) => {
+                                debug_assert!(
+                                    same_page_offset(
+                                        piece.as_ptr(),
+                                        region.data_ptr().wrapping_add(at)
+                                    ),
+                                    "a piece placed unlike its region's bytes"
+                                );
+                                entered.copy_in(at, &piece[..n]);
+                            }
+                            Err(s) => status = s,
+                        }
                     }
                     done += n;
                 }
@@ -734,47 +735,29 @@ async fn serve_connection(
     }
 }
 
-/// The server's side of one piece of a request.
-enum Piece<'a> {
-    /// Copied out of the buffer (a read).
-    Out(&'a mut [u8]),
-    /// Copied into the buffer (a write).
-    In(&'a [u8]),
-}
-
-/// Copies one piece between `region` at `offset` and the server's piece
-/// buffer under an access slot: refused with `Closed` when the owner does
+/// Enters `region` for `kind` to reach `len` bytes at `offset` (the
+/// caller's range is checked against the buffer by `Registry::lookup`):
+/// the slot is held while the returned `Entered` lives, which the caller
+/// drops before its next await. Refused with `Closed` when the owner does
 /// not allow it now, `UnknownBuffer` once released, `Failed` when no slot
 /// frees within `deadline`.
-async fn region_copy(
+async fn region_access(
     region: &Region,
+    kind: Kind,
     offset: usize,
+    len: usize,
     window: Option<Window>,
-    mut piece: Piece<'_>,
     deadline: Duration,
-) -> Result<(), Status> {
-    let (kind, at, len) = match &piece {
-        Piece::Out(b) => (Kind::Read, b.as_ptr(), b.len()),
-        Piece::In(b) => (Kind::Write, b.as_ptr(), b.len()),
-    };
-    // The piece is placed like the bytes it is copied from or into (see
-    // `sealed::Room`): a copy between misplaced ones runs several times
-    // slower on the reference machines.
+) -> Result<crate::memory::Entered<'_>, Status> {
     debug_assert!(
-        len == 0 || same_page_offset(at, region.data_ptr().wrapping_add(offset)),
-        "a piece placed unlike its region's bytes"
+        offset
+            .checked_add(len)
+            .is_some_and(|e| e <= region.len_bytes())
     );
     let started = Instant::now();
     loop {
-        // The slot is held only for the copy, never across an await.
         let refusal = match region.enter(kind, window) {
-            Ok(entered) => {
-                match &mut piece {
-                    Piece::Out(b) => entered.copy_out(offset, b),
-                    Piece::In(b) => entered.copy_in(offset, b),
-                }
-                return Ok(());
-            }
+            Ok(entered) => return Ok(entered),
             Err(refusal) => refusal,
         };
         match refusal {
@@ -1209,10 +1192,12 @@ impl TcpClient {
                     .map_err(|e| link(format!("send request: {e}")))?;
                 // Sealed piece by piece (the first with the request).
                 for piece in job.chunks[sent].1.chunks(PIECE_BYTES) {
-                    // Placed like the source: the copy runs at full speed.
+                    // Sealed from the source into the frame, placed like
+                    // the source (see `sealed::Room`).
                     let f = room.frame(piece.len(), piece.as_ptr());
-                    f[HEAD_BYTES..HEAD_BYTES + piece.len()].copy_from_slice(piece);
-                    self.send(&link, "send data", s.send(f)).await?;
+                    s.seal_into(piece, f)
+                        .map_err(|e| link(format!("seal data: {e}")))?;
+                    self.send(&link, "send data", s.write_frame(f)).await?;
                 }
                 sent += 1;
             }

@@ -1439,8 +1439,9 @@ async fn a_refused_write_with_a_huge_offset_is_drained_and_answered() {
     tls.queue(&request(WireOp::Write, u64::MAX - 10, len).encode())
         .unwrap();
     for piece in [256 << 10, 256 << 10, len - (512 << 10)] {
-        let mut frame = vec![7u8; HEAD_BYTES + piece + TAG_BYTES];
-        tls.send(&mut frame).await.unwrap();
+        let mut frame = vec![0u8; HEAD_BYTES + piece + TAG_BYTES];
+        tls.seal_into(&vec![7u8; piece], &mut frame).unwrap();
+        tls.write_frame(&frame).await.unwrap();
     }
     let answer = |b: [u8; RESPONSE_BYTES]| Response::decode(&b).unwrap();
     let got = tokio::time::timeout(Duration::from_secs(30), tls.recv_msg::<RESPONSE_BYTES>())

@@ -15,9 +15,10 @@
 //!   (`tcp_raw_{read,write}_<size>_cpu`). A path that costs C ms of CPU
 //!   per GB moves at most (cores × 1000 / C) GB/s: at 1,000 ms/GB, 2 GB/s
 //!   on 2 cores, whatever the raw stream (which leaves cores idle) does;
-//! - `aead_seal_open_<size>`: sealing and opening every byte once in the
-//!   tcp backend's frames (AES-128-GCM, 256 KiB pieces) on one thread of
-//!   this process, against `memcpy_<size>`; and the tcp figures against
+//! - `aead_seal_open_<size>`: sealing every byte once from where it lies
+//!   into a frame and opening the frame in place, as the tcp backend's two
+//!   ends do (AES-128-GCM, 256 KiB pieces), on one thread of this process,
+//!   against `memcpy_<size>`; and the tcp figures against
 //!   their floor, what a sealed stream cannot go below: its CPU per GB
 //!   against the raw stream's plus the AEAD's
 //!   (`tcp_{read,write}_<size>_cpu_vs_floor`, baseline
@@ -25,8 +26,7 @@
 //!   raw stream's or, if lower, the rate that CPU allows on this machine's
 //!   cores (`tcp_{read,write}_<size>_vs_floor`, baseline
 //!   `tcp_floor_{read,write}_<size>`). What a sealed transfer does beyond
-//!   the floor is its copies: the sender seals a copy of its bytes (ring
-//!   seals in place only), and a write's owner opens each frame in a piece
+//!   the floor is a write's one copy: its owner opens each frame in a piece
 //!   buffer before copying it into the registered buffer, so that only
 //!   authenticated bytes reach it;
 //! - for 64 MiB and up, the same tcp figures with two connections per
