@@ -596,8 +596,7 @@ async fn serve_connection(
                     }
                 };
                 if len == 0 {
-                    let at = req.offset as usize;
-                    let status = region_access(&region, Kind::Read, at, 0, window, op_timeout)
+                    let status = region_access(&region, Kind::Read, window, op_timeout)
                         .await
                         .err()
                         .unwrap_or(Status::Ok);
@@ -609,20 +608,9 @@ async fn serve_connection(
                     let n = (len - done).min(PIECE_BYTES);
                     let at = req.offset as usize + done;
                     let frame = room.frame(n, region.data_ptr().wrapping_add(at));
-                    // Sealed straight from the region, under its slot (the
-                    // answer's header first: a frame's sequence number is
-                    // its place in the stream).
-                    let sealed = region_access(&region, Kind::Read, at, n, window, op_timeout)
-                        .await
-                        .map(|entered| {
-                            if done == 0 {
-                                queue_header(&mut tls, Status::Ok, req.len_bytes)?;
-                            }
-                            tls.seal_into(entered.view(at, n), frame)
-                                .map_err(Error::io("seal read data"))
-                        });
-                    match sealed {
-                        Ok(sealed) => sealed?,
+                    let entered = match region_access(&region, Kind::Read, window, op_timeout).await
+                    {
+                        Ok(entered) => entered,
                         Err(status) if done == 0 => {
                             send_response(&mut tls, status, 0, op_timeout).await?;
                             break;
@@ -639,7 +627,17 @@ async fn serve_connection(
                                 ),
                             });
                         }
+                    };
+                    // Sealed straight from the region under its slot, the
+                    // answer's header first (a frame's sequence number is
+                    // its place in the stream); the slot is given back
+                    // before the write waits.
+                    if done == 0 {
+                        queue_header(&mut tls, Status::Ok, req.len_bytes)?;
                     }
+                    let sealed = tls.seal_into(entered.view(at, n), frame);
+                    drop(entered);
+                    sealed.map_err(Error::io("seal read data"))?;
                     // Header (first piece) and sealed piece in one write.
                     within(op_timeout, "send read data", tls.write_frame(frame)).await?;
                     done += n;
@@ -672,7 +670,7 @@ async fn serve_connection(
                     // stream in step.
                     if let (Ok(region), Status::Ok) = (&target, status) {
                         let at = req.offset as usize + done;
-                        match region_access(region, Kind::Write, at, n, window, op_timeout).await {
+                        match region_access(region, Kind::Write, window, op_timeout).await {
                             Ok(entered) => {
                                 debug_assert!(
                                     same_page_offset(
@@ -735,25 +733,18 @@ async fn serve_connection(
     }
 }
 
-/// Enters `region` for `kind` to reach `len` bytes at `offset` (the
-/// caller's range is checked against the buffer by `Registry::lookup`):
-/// the slot is held while the returned `Entered` lives, which the caller
-/// drops before its next await. Refused with `Closed` when the owner does
+/// Enters `region` for `kind` (the caller's range was checked against the
+/// buffer by `Registry::lookup`, and is again by `Entered`'s copies and
+/// views): the slot is held while the returned `Entered` lives, which the
+/// caller drops before its next await. Refused with `Closed` when the owner does
 /// not allow it now, `UnknownBuffer` once released, `Failed` when no slot
 /// frees within `deadline`.
 async fn region_access(
     region: &Region,
     kind: Kind,
-    offset: usize,
-    len: usize,
     window: Option<Window>,
     deadline: Duration,
 ) -> Result<crate::memory::Entered<'_>, Status> {
-    debug_assert!(
-        offset
-            .checked_add(len)
-            .is_some_and(|e| e <= region.len_bytes())
-    );
     let started = Instant::now();
     loop {
         let refusal = match region.enter(kind, window) {

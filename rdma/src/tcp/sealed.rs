@@ -550,7 +550,7 @@ mod tests {
 
     /// A sealed frame of `payload`, as bytes on the wire.
     fn frame_of(k: &mut Keys, payload: &[u8]) -> Vec<u8> {
-        let mut f = vec![0u8; HEAD_BYTES + payload.len() + TAG_BYTES];
+        let mut f = frame_of_room(payload.len());
         k.seal_into(payload, &mut f).unwrap();
         f
     }
