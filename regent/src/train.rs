@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use regent_train::job::run::{FaultKind, FaultPlan, FaultSpacing, Isolate, percentile};
 use regent_train::job::{
-    JobCluster, JobConfig, JobEvent, JobSpec, ModelSpec, NanPolicy, OptimSpec, Report,
-    reference_with_skips, run_job,
+    JOB_FAILURE_TIMEOUT, JOB_HEARTBEAT, JobCluster, JobConfig, JobEvent, JobSpec, ModelSpec,
+    NanPolicy, OptimSpec, Report, reference_with_skips, run_job,
 };
 
 /// What `regent train` was asked (its command line).
@@ -66,6 +66,13 @@ pub(crate) struct TrainOptions {
     /// A step that takes longer fails (its hung ranks are replaced).
     #[arg(long, default_value = "20s", value_parser = crate::args::parse_duration)]
     pub(crate) step_timeout: Duration,
+    /// The shortest silence after which a proc's control link is declared
+    /// failed: the adaptive detector holds a quiet link to it and gives a
+    /// link whose heartbeats come late (loaded cores) more, up to 3 s; a
+    /// paused or cut-off proc is found after about this long. `off`: a
+    /// fixed 3 s, which leaves a paused proc to the step deadline.
+    #[arg(long, default_value = "200ms", value_parser = parse_detect_min)]
+    pub(crate) failure_timeout_min: DetectMin,
     /// What a step with a non-finite loss or mean gradient does: `skip`
     /// (every rank drops it; the report lists it) or `restore` (every
     /// rank restores the last checkpoint and replays; the same step
@@ -96,6 +103,27 @@ pub(crate) struct TrainOptions {
     /// The admin endpoint, the dashboard and the HTML report.
     #[command(flatten)]
     pub(crate) admin: crate::admin::AdminOptions,
+}
+
+/// `--failure-timeout-min`: the adaptive detector's minimum, or `None`
+/// (off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DetectMin(pub(crate) Option<Duration>);
+
+/// `--failure-timeout-min`: `off`, or a duration from twice the job's
+/// heartbeat interval to its failure timeout.
+fn parse_detect_min(text: &str) -> Result<DetectMin, String> {
+    if text.trim() == "off" {
+        return Ok(DetectMin(None));
+    }
+    let d = crate::args::parse_duration(text)?;
+    let (lo, hi) = (2 * JOB_HEARTBEAT, JOB_FAILURE_TIMEOUT);
+    if d < lo || d > hi {
+        return Err(format!(
+            "{text:?}: between {lo:?} and {hi:?} (twice the heartbeat interval and the failure timeout), or off"
+        ));
+    }
+    Ok(DetectMin(Some(d)))
 }
 
 /// Parses `--chaos`: `KIND[,KIND...][:EVERY]` (kinds `kill`, `pause`,
@@ -318,8 +346,8 @@ pub(crate) async fn train(opts: TrainOptions) -> anyhow::Result<bool> {
         .as_ref()
         .is_some_and(|f| f.kinds.contains(&FaultKind::Partition));
     let mut chaos_cluster = None;
-    let runtime =
-        JobCluster::runtime_config().logs(regent_mesh::logs::LogConfig::default().mode(opts.logs));
+    let runtime = JobCluster::runtime_config_detecting(opts.failure_timeout_min.0)
+        .logs(regent_mesh::logs::LogConfig::default().mode(opts.logs));
     let cluster = if partitions {
         let c = regent_chaos::ClusterConfig {
             runtime: runtime.clone(),
@@ -618,6 +646,23 @@ mod tests {
             ":1s",
         ] {
             assert!(parse_chaos(bad, 3, 270).is_err(), "{bad} was taken");
+        }
+    }
+
+    #[test]
+    fn the_detectors_minimum_is_off_or_within_the_job_links_bounds() {
+        let min = |d| Ok(DetectMin(Some(d)));
+        assert_eq!(parse_detect_min("off"), Ok(DetectMin(None)));
+        assert_eq!(parse_detect_min("200ms"), min(Duration::from_millis(200)));
+        assert_eq!(parse_detect_min("100ms"), min(2 * JOB_HEARTBEAT));
+        assert_eq!(parse_detect_min("3s"), min(JOB_FAILURE_TIMEOUT));
+        for bad in ["99ms", "3001ms", "0s", "", "on", "fast"] {
+            assert!(parse_detect_min(bad).is_err(), "{bad:?} was taken");
+        }
+        // What the flag takes, the endpoint's own check takes too.
+        for min in [Duration::from_millis(100), Duration::from_secs(3)] {
+            let config = JobCluster::runtime_config_detecting(Some(min));
+            config.endpoint.validate().expect("a valid endpoint config");
         }
     }
 }

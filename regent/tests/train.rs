@@ -331,17 +331,50 @@ fn paused_ranks_are_caught_by_the_step_deadline_bit_identical() {
     let dir = RunDir::new("pause");
     let base = small("3", "300", "25");
     // A pause lasts 2.5 s; the step deadline is 1.5 s, under the job's
-    // 3 s failure timeout: only the deadline can catch it.
+    // fixed 3 s failure timeout (the adaptive detector off): only the
+    // deadline can catch it.
     let r = run_ok(
         &dir,
         "run",
         &with(
             &base,
-            &["--chaos", "pause:75steps", "--step-timeout", "1500ms"],
+            &[
+                "--chaos",
+                "pause:75steps",
+                "--step-timeout",
+                "1500ms",
+                "--failure-timeout-min",
+                "off",
+            ],
         ),
     );
     assert!(count(&r, &["faults", "pause"]) >= 2, "{r:#}");
     assert!(count(&r, &["hung"]) >= 2, "no hung rank caught: {r:#}");
+    assert!(count(&r, &["heals"]) >= 2, "{r:#}");
+    assert_bit_identical(dir.path(), 300, &[], &r);
+}
+
+#[test]
+fn paused_ranks_are_found_by_the_adaptive_detector_bit_identical() {
+    let dir = RunDir::new("pause-detected");
+    let base = small("3", "300", "25");
+    // A pause lasts 2.5 s, the step deadline is 20 s: the fixed 3 s
+    // failure timeout would see no pause at all (the proc resumes first)
+    // and the deadline none either; the adaptive detector (on by default,
+    // at least 200 ms on a quiet link) must find every one while it lasts.
+    let r = run_ok(
+        &dir,
+        "run",
+        &with(
+            &base,
+            &["--chaos", "pause:75steps", "--step-timeout", "20s"],
+        ),
+    );
+    let pauses = count(&r, &["faults", "pause"]);
+    assert!(pauses >= 2, "{r:#}");
+    assert_eq!(count(&r, &["undetected"]), 0, "a pause unseen: {r:#}");
+    assert!(count(&r, &["failures"]) >= pauses, "{r:#}");
+    assert_eq!(count(&r, &["hung"]), 0, "the deadline caught one: {r:#}");
     assert!(count(&r, &["heals"]) >= 2, "{r:#}");
     assert_bit_identical(dir.path(), 300, &[], &r);
 }

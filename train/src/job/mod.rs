@@ -13,8 +13,9 @@ pub mod store;
 pub mod trainer;
 
 pub use run::{
-    FaultKind, FaultPlan, FaultSpacing, JobCluster, JobConfig, JobEvent, NanPolicy, Report,
-    reference, reference_with_skips, run_job,
+    FaultKind, FaultPlan, FaultSpacing, JOB_FAILURE_TIMEOUT, JOB_FAILURE_TIMEOUT_MIN,
+    JOB_HEARTBEAT, JobCluster, JobConfig, JobEvent, NanPolicy, Report, reference,
+    reference_with_skips, run_job,
 };
 pub use spec::{AnyReplica, JobSpec, ModelSpec, OptimSpec};
 pub use trainer::{Trainer, TrainerArgs, TrainerMsg, TrainerReply};

@@ -96,18 +96,46 @@ pub struct JobCluster {
     pub isolate: Option<Isolate>,
 }
 
+/// The longest silence a job's control links allow (and the only one,
+/// with the adaptive detector off).
+pub const JOB_FAILURE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The shortest silence a job's control links allow with the adaptive
+/// detector: about how long a paused or cut-off proc on a quiet link takes
+/// to be found.
+pub const JOB_FAILURE_TIMEOUT_MIN: Duration = Duration::from_millis(200);
+
+/// How often a job's control links send heartbeats: often enough for the
+/// adaptive detector to learn a link's jitter within a second, and to hold
+/// a quiet link to [`JOB_FAILURE_TIMEOUT_MIN`].
+pub const JOB_HEARTBEAT: Duration = Duration::from_millis(50);
+
 impl JobCluster {
     /// The controller settings a job's cluster should use: the defaults
     /// with an owner lease of 5 s (the procs of a controller that died stop
     /// within it, so a controller started again on the same run directory
     /// has no leftover to race with; a shorter one ends procs that were
-    /// only paused for a couple of seconds) and a failure timeout of 3 s
-    /// (1 s of silence is reached by healthy procs on loaded cores, each a
-    /// false failure and a needless restart; kills are seen at once by the
-    /// allocator, and hung ranks by the step deadline).
+    /// only paused for a couple of seconds) and the adaptive failure
+    /// detector ([`JOB_FAILURE_TIMEOUT_MIN`]; heartbeats every
+    /// [`JOB_HEARTBEAT`]), up to a failure timeout of
+    /// [`JOB_FAILURE_TIMEOUT`]: a paused or cut-off proc on a quiet link is
+    /// found after about 200 ms, one whose heartbeats come late because
+    /// the cores are loaded is given up to 3 s (a fixed 1 s is reached by
+    /// healthy procs on loaded cores, each a false failure and a needless
+    /// restart). Kills are seen at once by the allocator, and hung ranks
+    /// whose procs still answer by the step deadline.
     pub fn runtime_config() -> RuntimeConfig {
+        Self::runtime_config_detecting(Some(JOB_FAILURE_TIMEOUT_MIN))
+    }
+
+    /// [`JobCluster::runtime_config`] with the adaptive detector's
+    /// minimum `min`, or without it (`None`: a fixed
+    /// [`JOB_FAILURE_TIMEOUT`]).
+    pub fn runtime_config_detecting(min: Option<Duration>) -> RuntimeConfig {
         let mut config = RuntimeConfig::default().owner_lease(Duration::from_secs(5));
-        config.endpoint.failure_timeout = Duration::from_secs(3);
+        config.endpoint.failure_timeout = JOB_FAILURE_TIMEOUT;
+        config.endpoint.heartbeat_interval = JOB_HEARTBEAT;
+        config.endpoint.failure_timeout_min = min;
         config
     }
 
