@@ -210,6 +210,13 @@ pub fn to_bytes(
 ) -> Result<Vec<u8>, Error> {
     let (mut prepared, meta) = prepare(tensors, metadata)?;
     let mut out = header(&mut prepared, &meta)?;
+    // One allocation: growing by doubling copied the data again and
+    // faulted in fresh pages at each step (a model's state is megabytes).
+    let mut data = 0usize;
+    for (.., t) in &prepared {
+        data += plain_bytes(t)?.len();
+    }
+    out.reserve_exact(data);
     for (.., t) in &prepared {
         out.extend_from_slice(plain_bytes(t)?);
     }

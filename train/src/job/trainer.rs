@@ -423,10 +423,24 @@ impl MeshActor for Trainer {
             }
             TrainerMsg::Expose => {
                 let bytes = store::to_bytes(&self.replica.state()?)?;
-                let buffers = member.buffers()?;
-                self.exposed = None;
-                let memory = regent_rdma::Memory::allocate(bytes.len().max(1))?;
-                let mut buffer = buffers.register_with(memory, regent_rdma::Access::Local)?;
+                // The buffer of the last exposure when the state fits it
+                // (the same model's state, but for its header's length):
+                // taken back from peers (reads under way finish first,
+                // new ones are refused until it is read-only again), so
+                // that a new one's pages need not be faulted in and
+                // registered at every recovery.
+                let mut buffer = match self.exposed.take() {
+                    Some(mut b) if b.len() >= bytes.len() => {
+                        b.set_access(regent_rdma::Access::Local).await?;
+                        b
+                    }
+                    _ => {
+                        let memory = regent_rdma::Memory::allocate(bytes.len().max(1))?;
+                        member
+                            .buffers()?
+                            .register_with(memory, regent_rdma::Access::Local)?
+                    }
+                };
                 buffer.as_mut_slice()?[..bytes.len()].copy_from_slice(&bytes);
                 // Peers read it; nobody writes it.
                 buffer.set_access(regent_rdma::Access::ReadOnly).await?;
