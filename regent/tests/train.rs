@@ -326,27 +326,29 @@ fn gang_restarts_resume_from_the_checkpoint_bit_identical() {
     assert_bit_identical(dir.path(), 400, &[], &r);
 }
 
+/// A run of the small MLP on three procs for 300 steps (a checkpoint
+/// every 25) with `more` flags, in a run directory of its own.
+fn three_procs_300_steps(name: &str, more: &[&str]) -> (RunDir, Value) {
+    let dir = RunDir::new(name);
+    let r = run_ok(&dir, "run", &with(&small("3", "300", "25"), more));
+    (dir, r)
+}
+
 #[test]
 fn paused_ranks_are_caught_by_the_step_deadline_bit_identical() {
-    let dir = RunDir::new("pause");
-    let base = small("3", "300", "25");
     // A pause lasts 2.5 s; the step deadline is 1.5 s, under the job's
     // fixed 3 s failure timeout (the adaptive detector off): only the
     // deadline can catch it.
-    let r = run_ok(
-        &dir,
-        "run",
-        &with(
-            &base,
-            &[
-                "--chaos",
-                "pause:75steps",
-                "--step-timeout",
-                "1500ms",
-                "--failure-timeout-min",
-                "off",
-            ],
-        ),
+    let (dir, r) = three_procs_300_steps(
+        "pause",
+        &[
+            "--chaos",
+            "pause:75steps",
+            "--step-timeout",
+            "1500ms",
+            "--failure-timeout-min",
+            "off",
+        ],
     );
     assert!(count(&r, &["faults", "pause"]) >= 2, "{r:#}");
     assert!(count(&r, &["hung"]) >= 2, "no hung rank caught: {r:#}");
@@ -356,19 +358,13 @@ fn paused_ranks_are_caught_by_the_step_deadline_bit_identical() {
 
 #[test]
 fn paused_ranks_are_found_by_the_adaptive_detector_bit_identical() {
-    let dir = RunDir::new("pause-detected");
-    let base = small("3", "300", "25");
     // A pause lasts 2.5 s, the step deadline is 20 s: the fixed 3 s
     // failure timeout would see no pause at all (the proc resumes first)
     // and the deadline none either; the adaptive detector (on by default,
     // at least 200 ms on a quiet link) must find every one while it lasts.
-    let r = run_ok(
-        &dir,
-        "run",
-        &with(
-            &base,
-            &["--chaos", "pause:75steps", "--step-timeout", "20s"],
-        ),
+    let (dir, r) = three_procs_300_steps(
+        "pause-detected",
+        &["--chaos", "pause:75steps", "--step-timeout", "20s"],
     );
     let pauses = count(&r, &["faults", "pause"]);
     assert!(pauses >= 2, "{r:#}");
@@ -381,15 +377,9 @@ fn paused_ranks_are_found_by_the_adaptive_detector_bit_identical() {
 
 #[test]
 fn a_partitioned_rank_is_replaced_bit_identical() {
-    let dir = RunDir::new("partition");
-    let base = small("3", "300", "25");
-    let r = run_ok(
-        &dir,
-        "run",
-        &with(
-            &base,
-            &["--chaos", "partition:75steps", "--step-timeout", "1500ms"],
-        ),
+    let (dir, r) = three_procs_300_steps(
+        "partition",
+        &["--chaos", "partition:75steps", "--step-timeout", "1500ms"],
     );
     assert!(count(&r, &["faults", "partition"]) >= 2, "{r:#}");
     assert!(
