@@ -295,6 +295,60 @@ fn kills_under_restart_member_heal_from_peers_bit_identical() {
     assert_bit_identical(dir.path(), 300, &[], &r);
 }
 
+/// Kills at checkpoint steps, while rank 0 writes a checkpoint of the full
+/// MLP (14.7 MB: far longer than a kill takes to be seen and a warm spare
+/// to take the rank), so that each restart completes between two steps. No
+/// step may go to the new life before it heals: it holds no state, refuses
+/// the step, and its peers waited out their collective's timeout (22.5 s
+/// here) for it; nor may a checkpoint or the final state come from a new
+/// rank 0.
+#[test]
+fn a_rank_replaced_between_steps_heals_before_the_next_step_bit_identical() {
+    let dir = RunDir::new("between");
+    let r = run_ok(
+        &dir,
+        "run",
+        &[
+            "--model",
+            "mlp",
+            "--procs",
+            "3",
+            "--steps",
+            "40",
+            "--checkpoint-every",
+            "10",
+            "--threads",
+            "1",
+            "--chaos",
+            "kill:10steps",
+            "--step-timeout",
+            "30s",
+            "--spares",
+            "1",
+        ],
+    );
+    assert_eq!(
+        count(&r, &["faults", "kill"]),
+        3,
+        "kills at 10, 20, 30: {r:#}"
+    );
+    assert!(count(&r, &["failures"]) >= 3, "kills unseen: {r:#}");
+    assert!(count(&r, &["heals"]) >= 3, "too few heals: {r:#}");
+    assert_eq!(
+        count(&r, &["failed_steps"]),
+        0,
+        "a step went to a rank that held no state: {r:#}"
+    );
+    let recoveries = r["recovery_ms"].as_array().expect("recovery_ms");
+    assert!(
+        recoveries
+            .iter()
+            .all(|ms| ms.as_f64().is_some_and(|ms| ms < 22_500.0)),
+        "a recovery waited out a collective's timeout: {r:#}"
+    );
+    assert_bit_identical(dir.path(), 40, &[], &r);
+}
+
 /// Three procs: two survive each kill, and their new lives must reach each
 /// other after the gang restart (they did not while links died with the
 /// runtime of the member that opened them).

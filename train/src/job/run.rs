@@ -664,7 +664,8 @@ async fn drive(
     events: &mut impl FnMut(JobEvent),
 ) -> Result<(), Error> {
     // Resume from the newest checkpoint, or start at the initial state.
-    let mut committed = restore(mesh).await?;
+    let start = restore(mesh).await?;
+    let mut committed = start.step;
     report.start_step = committed;
     let parameters = config.spec.build()?.parameters();
     events(JobEvent::Started {
@@ -721,6 +722,7 @@ async fn drive(
         report,
         events,
         &mut committed,
+        start.generation,
         &committed_now,
     )
     .await;
@@ -743,19 +745,16 @@ async fn drive(
         report.faults = counts.into_iter().collect();
         report.failures = l.failures.len() as u32;
     }
-    result?;
-    match mesh.call_one(Rank(0), &TrainerMsg::Final).await? {
-        TrainerReply::Final { path, .. } => report.final_state = path,
-        other => {
-            return Err(Error::Job(format!(
-                "unexpected answer to a state request: {other:?}"
-            )));
-        }
-    }
+    report.final_state = result?;
     Ok(())
 }
 
-/// The controller's loop: steps from `committed` to the job's last.
+/// The controller's loop: steps from `committed` to the job's last, whose
+/// state rank 0 then saves (the path it answers). `synced` is the
+/// generation in which every member last held the committed state: a
+/// restart since brought in a new life that holds none yet, so no step,
+/// checkpoint or final state is asked for before a recovery brings it to
+/// the committed step (`docs/semantics.md` §9.9).
 #[allow(clippy::too_many_arguments)]
 async fn steps(
     config: &JobConfig,
@@ -765,8 +764,9 @@ async fn steps(
     report: &mut Report,
     events: &mut impl FnMut(JobEvent),
     committed: &mut u64,
+    mut synced: regent_net::Generation,
     committed_now: &tokio::sync::watch::Sender<u64>,
-) -> Result<(), Error> {
+) -> Result<PathBuf, Error> {
     let all = Selection::All;
     let mut failures_seen = 0;
     let mut best = *committed;
@@ -782,8 +782,28 @@ async fn steps(
     // every failed step.
     let mut epoch = 0u32;
     // A checkpoint due at the last step is written too (after a recovery
-    // when rank 0 failed while writing it).
-    while *committed < config.steps || checkpoint_due {
+    // when rank 0 failed while writing it), then the final state.
+    // Set when what was asked failed: every member is brought to the
+    // committed step (or the newest checkpoint) before anything more.
+    let mut resync = false;
+    loop {
+        // Or a restart since every member last held the committed state
+        // (between two steps: while rank 0 wrote a checkpoint, say): its
+        // new lives hold none yet, and a step cast to them would leave the
+        // others waiting out the collective's timeout.
+        if resync || mesh.generation() != synced {
+            resync = false;
+            let before = *committed;
+            recover(config, mesh, &mut synced, committed, report, events).await?;
+            // Whoever computed has dropped its communicator.
+            epoch = epoch.wrapping_add(1);
+            if *committed < before {
+                // Restored from a checkpoint: its step needs none.
+                checkpoint_due = false;
+            }
+            committed_now.send_replace(*committed);
+            continue;
+        }
         if *committed < config.steps {
             // Faults injected since the last look wait for the next commit.
             {
@@ -802,7 +822,7 @@ async fn steps(
                 failures_seen = l.failures.len();
             }
             let step = *committed;
-            let g = mesh.generation();
+            let g = synced;
             let t = Instant::now();
             let poison = poison_for(config, log, &mut poisoned, step);
             let vm = mesh
@@ -858,10 +878,7 @@ async fn steps(
                             best = *committed;
                         }
                         if !delivered.is_complete() {
-                            *committed =
-                                recover(config, mesh, procs, g, *committed, report, events).await?;
-                            epoch = epoch.wrapping_add(1);
-                            committed_now.send_replace(*committed);
+                            resync = true;
                             continue;
                         }
                         if config.checkpoint_every > 0
@@ -879,7 +896,9 @@ async fn steps(
                                 restored_from: from,
                             });
                         }
-                        let restored = restore_everyone(config, mesh).await?;
+                        let at = restore_everyone(config, mesh).await?;
+                        let restored = at.step;
+                        synced = at.generation;
                         report.nan_restores += 1;
                         report.replayed += step.saturating_sub(restored);
                         nan_restored = Some((step, restored));
@@ -961,45 +980,69 @@ async fn steps(
                         }
                     }
                 }
-                *committed = recover(config, mesh, procs, g, *committed, report, events).await?;
-                // Whoever computed has dropped its communicator.
-                epoch = epoch.wrapping_add(1);
-                committed_now.send_replace(*committed);
+                resync = true;
                 continue;
             }
         }
         if checkpoint_due {
-            let g = mesh.generation();
-            match mesh.call_one(Rank(0), &TrainerMsg::Checkpoint).await {
-                Ok(TrainerReply::Checkpointed { step, bytes, ms }) => {
+            let step = *committed;
+            match ask_rank_0(mesh, synced, &TrainerMsg::Checkpoint { step }).await? {
+                Some(TrainerReply::Checkpointed { step, bytes, ms }) => {
                     checkpoint_due = false;
                     report
                         .checkpoints
                         .push((bytes, Duration::from_secs_f64(ms / 1e3)));
                     events(JobEvent::Checkpoint { step, bytes });
                 }
-                Ok(other) => {
+                Some(other) => {
                     return Err(Error::Job(format!(
                         "unexpected answer to a checkpoint: {other:?}"
                     )));
                 }
                 // Rank 0 failed meanwhile: recover, and write it after.
-                Err(regent_mesh::MeshError::Members(_)) => {
-                    let before = *committed;
-                    *committed =
-                        recover(config, mesh, procs, g, *committed, report, events).await?;
-                    epoch = epoch.wrapping_add(1);
-                    if *committed < before {
-                        // Restored from a checkpoint: its step needs none.
-                        checkpoint_due = false;
-                    }
-                    committed_now.send_replace(*committed);
+                None => {
+                    resync = true;
+                    continue;
                 }
-                Err(e) => return Err(e.into()),
+            }
+        }
+        if *committed >= config.steps && !checkpoint_due {
+            let step = *committed;
+            match ask_rank_0(mesh, synced, &TrainerMsg::Final { step }).await? {
+                Some(TrainerReply::Final { path, .. }) => return Ok(path),
+                Some(other) => {
+                    return Err(Error::Job(format!(
+                        "unexpected answer to a state request: {other:?}"
+                    )));
+                }
+                None => resync = true,
             }
         }
     }
-    Ok(())
+}
+
+/// Asks rank 0 to write the committed state (a checkpoint, the final
+/// state) while every member holds it: its answer, or `None` when a
+/// recovery must come first: a restart since `synced`, rank 0 failed, or
+/// it does not hold the committed step (a new life, which holds no state
+/// yet, refuses and writes nothing).
+async fn ask_rank_0(
+    mesh: &ActorMesh<Trainer>,
+    synced: regent_net::Generation,
+    msg: &TrainerMsg,
+) -> Result<Option<TrainerReply>, Error> {
+    if mesh.generation() != synced {
+        return Ok(None);
+    }
+    match mesh.call_one(Rank(0), msg).await {
+        Ok(TrainerReply::Broken(why)) => {
+            tracing::info!(%why, "rank 0 cannot write the committed state");
+            Ok(None)
+        }
+        Ok(reply) => Ok(Some(reply)),
+        Err(regent_mesh::MeshError::Members(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Waits (30 s at most) for the mesh to run; an error if it stopped.
@@ -1017,7 +1060,7 @@ async fn wait_running(mesh: &ActorMesh<Trainer>) -> Result<(), Error> {
 
 /// Every member takes the newest checkpoint, again after any member fails
 /// meanwhile (a restore is idempotent); the step they are at.
-async fn restore_everyone(config: &JobConfig, mesh: &ActorMesh<Trainer>) -> Result<u64, Error> {
+async fn restore_everyone(config: &JobConfig, mesh: &ActorMesh<Trainer>) -> Result<Synced, Error> {
     let deadline = Instant::now() + config.step_timeout.max(Duration::from_secs(60)) * 2;
     loop {
         wait_running(mesh).await?;
@@ -1030,7 +1073,18 @@ async fn restore_everyone(config: &JobConfig, mesh: &ActorMesh<Trainer>) -> Resu
     }
 }
 
-async fn restore(mesh: &ActorMesh<Trainer>) -> Result<u64, Error> {
+/// Where every member stands after taking the same state: its step, and
+/// the generation they took it in (read before they were asked, so that a
+/// restart meanwhile, whose new life may have missed the request, shows
+/// as a newer generation).
+#[derive(Clone, Copy, Debug)]
+struct Synced {
+    step: u64,
+    generation: regent_net::Generation,
+}
+
+async fn restore(mesh: &ActorMesh<Trainer>) -> Result<Synced, Error> {
+    let generation = mesh.generation();
     let vm = mesh.call(&Selection::All, &TrainerMsg::Restore).await?;
     let steps: Vec<u64> = vm
         .into_result()
@@ -1044,26 +1098,28 @@ async fn restore(mesh: &ActorMesh<Trainer>) -> Result<u64, Error> {
         })
         .collect::<Result<_, _>>()?;
     match steps.first() {
-        Some(&s) if steps.iter().all(|&x| x == s) => Ok(s),
+        Some(&step) if steps.iter().all(|&x| x == step) => Ok(Synced { step, generation }),
         _ => Err(Error::Job(format!(
             "members restored different steps: {steps:?}"
         ))),
     }
 }
 
-/// After a failed step: waits for the mesh to run again (in a newer
-/// generation when members were lost), brings every member to the
-/// committed step — from a live peer that has it, or from the newest
-/// checkpoint when none has — and returns the step to go on from.
+/// After a failed step or request, or a restart since every member last
+/// held the committed state in generation `synced`: waits for the mesh to
+/// run again (in a newer generation when members were lost), brings every
+/// member to the `committed` step — from a live peer that has it, or from
+/// the newest checkpoint when none has — and sets both to where they all
+/// stand now.
 async fn recover(
     config: &JobConfig,
     mesh: &ActorMesh<Trainer>,
-    _procs: &ProcMesh,
-    g: regent_net::Generation,
-    committed: u64,
+    synced: &mut regent_net::Generation,
+    committed: &mut u64,
     report: &mut Report,
     events: &mut impl FnMut(JobEvent),
-) -> Result<u64, Error> {
+) -> Result<(), Error> {
+    let g = *synced;
     let started = Instant::now();
     let deadline = started + config.step_timeout.max(Duration::from_secs(60)) * 2;
     loop {
@@ -1084,6 +1140,10 @@ async fn recover(
                 continue;
             }
         }
+        // Read before the members are asked: a restart after it (whose new
+        // life this recovery may miss) shows as a newer generation, and the
+        // controller recovers again before its next request.
+        let generation = mesh.generation();
         let vm = match mesh.call(&Selection::All, &TrainerMsg::Status).await {
             Ok(vm) => vm,
             Err(regent_mesh::MeshError::Stopped(m)) => {
@@ -1102,21 +1162,21 @@ async fn recover(
             match reply {
                 TrainerReply::Status {
                     step, fresh: false, ..
-                } if *step == committed => at.push(*rank),
+                } if *step == *committed => at.push(*rank),
                 _ => behind.push(*rank),
             }
         }
         let how;
-        let step;
+        let now;
         if at.is_empty() {
             // Nobody holds the committed state: the newest checkpoint.
-            step = match restore(mesh).await {
-                Ok(step) => step,
+            now = match restore(mesh).await {
+                Ok(now) => now,
                 Err(Error::Mesh(regent_mesh::MeshError::Members(_))) => continue,
                 Err(e) => return Err(e),
             };
             report.restores += 1;
-            how = format!("restored from the checkpoint at step {step}");
+            how = format!("restored from the checkpoint at step {}", now.step);
         } else {
             if !behind.is_empty() {
                 let source = at[0];
@@ -1147,7 +1207,10 @@ async fn recover(
             if !d.is_complete() {
                 continue;
             }
-            step = committed;
+            now = Synced {
+                step: *committed,
+                generation,
+            };
             how = format!(
                 "ranks {:?} healed from rank {}",
                 behind.iter().map(|r| r.0).collect::<Vec<_>>(),
@@ -1155,16 +1218,20 @@ async fn recover(
             );
         }
         // Restored from a checkpoint: the steps since come again.
-        report.replayed += committed.saturating_sub(step);
+        report.replayed += committed.saturating_sub(now.step);
         tracing::info!(
-            step,
+            step = now.step,
             %how,
             took_ms = started.elapsed().as_millis() as u64,
-            generation = mesh.generation().0,
+            generation = now.generation.0,
             "recovered"
         );
-        events(JobEvent::Recovered { step, how });
-        return Ok(step);
+        events(JobEvent::Recovered {
+            step: now.step,
+            how,
+        });
+        (*committed, *synced) = (now.step, now.generation);
+        return Ok(());
     }
 }
 

@@ -67,6 +67,16 @@ fn all_finite(values: &[f32]) -> bool {
         .all(|block| block.iter().fold(true, |all, v| all & v.is_finite()))
 }
 
+/// Why a member that is `fresh` (a new life that has taken no state: it
+/// holds the initial one) and `at` a step cannot write the state of
+/// `step`, if it cannot.
+fn refusal(fresh: bool, at: u64, step: u64) -> Option<String> {
+    if fresh {
+        return Some("a new life holds no state yet (it heals or restores first)".into());
+    }
+    (at != step).then(|| format!("at step {at}, not {step}"))
+}
+
 /// What a trainer is created from.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrainerArgs {
@@ -128,11 +138,20 @@ pub enum TrainerMsg {
     /// Take the run directory's newest checkpoint (or the initial state
     /// when there is none).
     Restore,
-    /// Write a checkpoint of the current state.
-    Checkpoint,
-    /// Write the final state to the run directory's `final.safetensors`
-    /// (for the controller to compare runs, and for the user).
-    Final,
+    /// Write a checkpoint of the state at `step`.
+    Checkpoint {
+        /// The step the controller committed last. A member at another
+        /// step, or a new life that has taken no state yet, writes
+        /// nothing and answers [`TrainerReply::Broken`].
+        step: u64,
+    },
+    /// Write the final state, at `step`, to the run directory's
+    /// `final.safetensors` (for the controller to compare runs, and for
+    /// the user); refused as a checkpoint is.
+    Final {
+        /// The job's last step.
+        step: u64,
+    },
 }
 
 /// A trainer's answer.
@@ -161,7 +180,8 @@ pub enum TrainerReply {
         /// Whether this rank's loss and the mean gradient are finite.
         finite: bool,
     },
-    /// The collective failed (a peer is gone); nothing is pending.
+    /// The collective failed (a peer is gone; nothing is pending), or
+    /// this member does not hold the state asked for.
     Broken(String),
     /// The replica's step now.
     Step(u64),
@@ -332,6 +352,11 @@ impl Trainer {
         })
     }
 
+    /// Why this member cannot write the state of `step`, if it cannot.
+    fn refuse_to_write(&self, step: u64) -> Option<TrainerReply> {
+        refusal(self.fresh, self.replica.step(), step).map(TrainerReply::Broken)
+    }
+
     fn taken(&mut self, state: &crate::TrainState) -> Result<(), ActorError> {
         self.replica.restore(state)?;
         self.pending = None;
@@ -469,7 +494,10 @@ impl MeshActor for Trainer {
                 }
                 TrainerReply::Step(self.replica.step())
             }
-            TrainerMsg::Checkpoint => {
+            TrainerMsg::Checkpoint { step } => {
+                if let Some(refused) = self.refuse_to_write(step) {
+                    return Ok(refused);
+                }
                 let t = Instant::now();
                 let state = self.replica.state()?;
                 let (_, bytes) = store::save_checkpoint(&self.args.run_dir, &state)?;
@@ -479,7 +507,10 @@ impl MeshActor for Trainer {
                     ms: t.elapsed().as_secs_f64() * 1e3,
                 }
             }
-            TrainerMsg::Final => {
+            TrainerMsg::Final { step } => {
+                if let Some(refused) = self.refuse_to_write(step) {
+                    return Ok(refused);
+                }
                 let state = self.replica.state()?;
                 let path = store::save_final(&self.args.run_dir, &state)?;
                 TrainerReply::Final {
@@ -495,7 +526,7 @@ regent_mesh::register_actor!(Trainer);
 
 #[cfg(test)]
 mod tests {
-    use super::{all_finite, collective_tag};
+    use super::{all_finite, collective_tag, refusal};
     use regent_net::Generation;
 
     /// A member's communicators follow (generation, epoch) pairs where
@@ -545,5 +576,21 @@ mod tests {
                 assert!(!all_finite(&w), "{bad} at {at} was not found");
             }
         }
+    }
+
+    /// A checkpoint or final state comes only from a member that holds the
+    /// committed step: not from a new life (which holds the initial state,
+    /// whatever its step counter says), nor from one at another step.
+    #[test]
+    fn only_a_member_at_the_committed_step_writes_its_state() {
+        assert_eq!(refusal(false, 50, 50), None);
+        let fresh = refusal(true, 0, 0).expect("a new life refuses");
+        assert!(fresh.contains("no state yet"), "{fresh}");
+        assert!(refusal(true, 50, 50).is_some());
+        assert_eq!(
+            refusal(false, 49, 50).as_deref(),
+            Some("at step 49, not 50")
+        );
+        assert!(refusal(false, 51, 50).is_some());
     }
 }
