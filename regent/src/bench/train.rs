@@ -21,7 +21,9 @@
 //!   this process.
 //! - under a SIGKILL of a random proc every 15 s (3 s in `--quick`), on a
 //!   run sized to take a given number of kills (12; 3 in `--quick`, on
-//!   the MLP only):
+//!   the MLP only), twice: the killed proc respawned (`kill<T>`), and
+//!   taken by a warm spare (`kill<T>_spare`, one spare kept, as the
+//!   README's job does):
 //!   - `goodput_kill<T>_<model>`: the job's useful step time (first-time
 //!     committed steps) over the wall time from the mesh being up to the
 //!     last committed step; against the same figure of the fault-free run.
@@ -38,7 +40,8 @@
 //! timed here on one thread) and the least a step of the job can take on
 //! this machine's cores with it, the heal's two halves, and the medians of
 //! a recovery's parts (detection, the heal calls, the retried step; the
-//! rest is the respawn of the proc and taking stock).
+//! rest is the respawn of the proc, or a spare's start of the member, and
+//! taking stock).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -260,11 +263,13 @@ async fn job_run(
     spec: &JobSpec,
     steps: u64,
     faults: Option<FaultPlan>,
+    spares: usize,
 ) -> anyhow::Result<Run> {
     let dir = RunDir::new(spec.model.name())?;
     let mut config = JobConfig::new(spec.clone(), steps, dir.path().to_owned());
     config.threads = 1;
     config.faults = faults;
+    config.spares = spares;
     let mut started = None;
     let mut step_times = Vec::with_capacity(steps as usize);
     let mut recovered = Vec::new();
@@ -531,6 +536,7 @@ async fn model(
         spec,
         sizes.dp_steps + WARMUP_STEPS as u64 + 1,
         None,
+        0,
     )
     .await?;
     local_round(spec, threads, sizes.local_steps, &mut local).await?;
@@ -607,22 +613,42 @@ async fn model(
         return Ok(());
     }
     // A run sized for `kills` kills at the fault-free rate, faults ending
-    // `tail` before its end.
+    // `tail` before its end; killed procs respawned, then taken by a warm
+    // spare.
     let every = sizes.kill_every;
     let per_step = step.max(Duration::from_millis(1)).as_secs_f64();
     let tail = (sizes.tail.as_secs_f64() / per_step).ceil() as u64;
     let steps =
         ((f64::from(sizes.kills) * every.as_secs_f64()) / per_step).ceil() as u64 + 2 * tail;
-    let plan = FaultPlan {
-        every: FaultSpacing::Time(every),
-        kinds: vec![FaultKind::Kill],
-        pause: Duration::ZERO,
-        seed: 7,
-        until_step: steps - tail,
-    };
-    let faulty = job_run(cluster, spec, steps, Some(plan)).await?;
+    for spares in [0, 1] {
+        let plan = FaultPlan {
+            every: FaultSpacing::Time(every),
+            kinds: vec![FaultKind::Kill],
+            pause: Duration::ZERO,
+            seed: 7,
+            until_step: steps - tail,
+        };
+        let faulty = job_run(cluster, spec, steps, Some(plan), spares).await?;
+        let tag = match spares {
+            0 => format!("kill{}s", every.as_secs()),
+            _ => format!("kill{}s_spare", every.as_secs()),
+        };
+        kill_figures(report, &faulty, &free, step, &tag, name);
+    }
+    Ok(())
+}
+
+/// The figures of a run under kills (`faulty`) against the fault-free
+/// run's, and a line on where a recovery's time goes.
+fn kill_figures(
+    report: &mut Report,
+    faulty: &Run,
+    free: &Run,
+    step: Duration,
+    tag: &str,
+    name: &str,
+) {
     let r = &faulty.report;
-    let tag = format!("kill{}s", every.as_secs());
     let kills: u32 = r
         .faults
         .iter()
@@ -667,16 +693,16 @@ async fn model(
     let mut retries = faulty.retries();
     let mut heal_calls: Vec<Duration> = r.heals.iter().map(|(_, d)| *d).collect();
     println!(
-        "{SUITE}: {tag}_{name}: {} steps, {} failed and redone, {} recoveries; medians: kill to commit {:.0} ms, detection {:.0} ms, heal calls {:.0} ms, retried step (recovered to commit) {:.0} ms",
+        "{SUITE}: {tag}_{name}: {} steps, {} failed and redone, {} recoveries, {} by warm spares; medians: kill to commit {:.0} ms, detection {:.0} ms, heal calls {:.0} ms, retried step (recovered to commit) {:.0} ms",
         r.steps,
         r.failed_steps,
         faulty.recovered.len(),
+        r.spares_taken,
         ms(percentile(&recovery, 50.0)),
         ms(percentile(&detection, 50.0)),
         ms(median(&mut heal_calls)),
         ms(median(&mut retries)),
     );
-    Ok(())
 }
 
 #[cfg(test)]
