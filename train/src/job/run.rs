@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use regent_mesh::alloc::{Allocator, ProcSignal};
 use regent_mesh::{
-    ActorMesh, Decision, MeshPolicy, MeshStatus, ProcMesh, Rank, Runtime, RuntimeConfig, Selection,
-    Shape, SpawnOptions,
+    ActorMesh, Decision, FailureCause, MeshPolicy, MeshStatus, ProcMesh, Rank, Runtime,
+    RuntimeConfig, Selection, Shape, SpawnOptions,
 };
+use regent_net::ProcId;
 
 use super::spec::JobSpec;
 use super::store;
@@ -477,17 +478,16 @@ impl std::fmt::Display for Report {
 #[derive(Default)]
 struct Log {
     faults: Vec<(Instant, FaultKind)>,
+    /// The faults not detected yet, in the order injected.
+    undetected: Vec<Undetected>,
     /// Failures the supervision saw.
     failures: Vec<Instant>,
     /// What each of them was (`MeshFailure`'s text: a dead proc's last
     /// lines among it), in the same order.
     causes: Vec<String>,
-    /// From each fault detected to the first failure seen after it (by
-    /// the supervision, the step deadline or the finiteness check) and
-    /// before the next fault, in the order of the faults.
+    /// From each fault detected to the first failure seen after it that
+    /// it explains (`Log::seen`), in the order of the detections.
     detections: Vec<Duration>,
-    /// Whether the last fault was detected.
-    last_detected: bool,
     /// A rank to poison at the next step not poisoned before (a `nan`
     /// fault waiting for its step).
     poison: Option<u32>,
@@ -496,25 +496,106 @@ struct Log {
     runtime: Option<regent_mesh::Runtime>,
 }
 
+/// A fault not detected yet.
+#[derive(Clone, Debug)]
+struct Undetected {
+    /// Its index in [`Log::faults`].
+    fault: usize,
+    /// The proc it struck (none for a `nan` fault, which strikes a step's
+    /// gradient).
+    proc: Option<ProcId>,
+    /// When it ends, if it does (a pause or a partition): nothing can
+    /// detect it after that, and it stays unseen.
+    ends: Option<Instant>,
+}
+
+/// A failure the controller sees, as [`Log::seen`] matches it with the
+/// faults that explain it.
+#[derive(Clone, Copy, Debug)]
+enum Seen<'a> {
+    /// A failure of this proc (it exited, its host or its link was lost,
+    /// or the step deadline found its rank hung).
+    Proc(&'a ProcId),
+    /// A failure that names no proc (a member that failed to start, an
+    /// escalation, reports the watcher missed).
+    Unnamed,
+    /// A non-finite step.
+    NonFinite,
+}
+
+impl<'a> Seen<'a> {
+    /// The proc a supervision failure names, if any.
+    fn of(cause: &'a FailureCause) -> Self {
+        match cause {
+            FailureCause::ProcExited { proc, .. }
+            | FailureCause::HostLost { proc, .. }
+            | FailureCause::LinkFailed { proc, .. } => Seen::Proc(proc),
+            FailureCause::Escalated(inner) => Seen::of(&inner.cause),
+            _ => Seen::Unnamed,
+        }
+    }
+}
+
 impl Log {
-    /// A fault of `kind` is injected now.
-    fn fault(&mut self, kind: FaultKind) {
-        self.faults.push((Instant::now(), kind));
-        self.last_detected = false;
+    /// A fault of `kind` is injected now, on `proc` (none for `nan`),
+    /// lasting `lasts` if it ends by itself (a pause, a partition).
+    fn fault(&mut self, kind: FaultKind, proc: Option<ProcId>, lasts: Option<Duration>) {
+        let now = Instant::now();
+        self.undetected.push(Undetected {
+            fault: self.faults.len(),
+            proc,
+            ends: lasts.map(|d| now + d),
+        });
+        self.faults.push((now, kind));
     }
 
-    /// A failure is seen now: the detection of the last fault, if it is
-    /// the first failure seen since then.
-    fn seen(&mut self) {
+    /// A failure is seen now: the detection of the faults still in effect
+    /// and not yet detected that explain it: every one on the proc it
+    /// names (a kill and a pause of one proc at once: its death explains
+    /// both), the newest on any proc when it names none, the newest `nan`
+    /// fault for a non-finite step. A pause or partition that ended before
+    /// any failure explained it stays unseen (a later kill of its proc
+    /// does not detect it). Faults injected together (a pause holds the
+    /// injector, so the marks it passes fire at once when it ends) are
+    /// each matched with their own failure, so none is counted unseen for
+    /// another's.
+    fn seen(&mut self, what: Seen<'_>) {
         let now = Instant::now();
-        let Some((t, _)) = self.faults.last() else {
-            return;
+        let explains = |u: &Undetected| {
+            u.ends.is_none_or(|end| now <= end)
+                && match (what, &u.proc) {
+                    (Seen::Proc(p), Some(q)) => p == q,
+                    (Seen::Unnamed, Some(_)) | (Seen::NonFinite, None) => true,
+                    _ => false,
+                }
         };
-        if self.last_detected {
-            return;
+        let matched: Vec<usize> = match what {
+            Seen::Proc(_) => (0..self.undetected.len())
+                .filter(|&i| explains(&self.undetected[i]))
+                .collect(),
+            Seen::Unnamed | Seen::NonFinite => self
+                .undetected
+                .iter()
+                .rposition(explains)
+                .into_iter()
+                .collect(),
+        };
+        for i in matched.into_iter().rev() {
+            let u = self.undetected.remove(i);
+            self.detected(u, what, now);
         }
-        self.last_detected = true;
-        let after = now.duration_since(*t);
+    }
+
+    fn detected(&mut self, u: Undetected, what: Seen<'_>, now: Instant) {
+        let (at, kind) = self.faults[u.fault];
+        let after = now.duration_since(at);
+        tracing::info!(
+            kind = kind.name(),
+            proc = u.proc.as_ref().map(ProcId::as_str),
+            ?what,
+            after_ms = after.as_millis() as u64,
+            "a fault is detected"
+        );
         self.detections.push(after);
         if let Some(rt) = &self.runtime {
             rt.observe_detection(after);
@@ -684,7 +765,7 @@ async fn drive(
                         let now = Instant::now();
                         l.failures.push(now);
                         l.causes.push(failure.to_string());
-                        l.seen();
+                        l.seen(Seen::of(&failure.cause));
                     }
                     // Missed ones still count (as one, seen now).
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
@@ -692,7 +773,7 @@ async fn drive(
                         let now = Instant::now();
                         l.failures.push(now);
                         l.causes.push("failures missed (the watcher lagged)".into());
-                        l.seen();
+                        l.seen(Seen::Unnamed);
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 }
@@ -854,7 +935,7 @@ async fn steps(
                     .all(|r| matches!(r, TrainerReply::Computed { finite: true, .. }));
             if computed && !finite {
                 report.nonfinite.push(step);
-                log.lock().expect("log lock").seen();
+                log.lock().expect("log lock").seen(Seen::NonFinite);
                 events(JobEvent::NonFinite {
                     step,
                     policy: config.on_nan,
@@ -975,7 +1056,7 @@ async fn steps(
                         if let Some(p) = mesh.procs().get(r.0 as usize) {
                             tracing::warn!(rank = r.0, proc = %p.proc, "a hung rank is killed");
                             report.hung += 1;
-                            log.lock().expect("log lock").seen();
+                            log.lock().expect("log lock").seen(Seen::Proc(&p.proc));
                             let _ = procs.allocator().signal(&p.proc, ProcSignal::Kill).await;
                         }
                     }
@@ -1281,7 +1362,7 @@ async fn inject(
             let mut l = log.lock().expect("log lock");
             if l.poison.is_none() {
                 l.poison = Some(rank);
-                l.fault(kind);
+                l.fault(kind, None, None);
             }
             continue;
         }
@@ -1292,7 +1373,10 @@ async fn inject(
         let p = (next() % procs.len() as u64) as usize;
         let proc = procs[p].proc.clone();
         tracing::info!(kind = kind.name(), %proc, "a fault is injected");
-        log.lock().expect("log lock").fault(kind);
+        let lasts = matches!(kind, FaultKind::Pause | FaultKind::Partition).then_some(plan.pause);
+        log.lock()
+            .expect("log lock")
+            .fault(kind, Some(proc.clone()), lasts);
         match kind {
             FaultKind::Kill => {
                 let _ = allocator.signal(&proc, ProcSignal::Kill).await;
@@ -1345,6 +1429,98 @@ pub fn reference_with_skips(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn proc(name: &str) -> ProcId {
+        ProcId::new(name).expect("a proc name")
+    }
+
+    /// Which faults (by index) the log has detected.
+    fn detected(l: &Log) -> Vec<usize> {
+        let undetected: Vec<usize> = l.undetected.iter().map(|u| u.fault).collect();
+        (0..l.faults.len())
+            .filter(|i| !undetected.contains(i))
+            .collect()
+    }
+
+    const PAUSE: Option<Duration> = Some(Duration::from_secs(60));
+
+    #[test]
+    fn faults_injected_together_are_each_detected_by_their_own_failure() {
+        let (a, b) = (proc("p0-0"), proc("p2-0"));
+        let mut l = Log::default();
+        // A kill and a pause at once (the marks a pause held back).
+        l.fault(FaultKind::Kill, Some(a.clone()), None);
+        l.fault(FaultKind::Pause, Some(b.clone()), PAUSE);
+        l.seen(Seen::Proc(&a));
+        assert_eq!(detected(&l), [0], "the kill, by its proc's exit");
+        l.seen(Seen::Proc(&a)); // a second report of the same death
+        assert_eq!(l.detections.len(), 1);
+        l.seen(Seen::Proc(&b));
+        assert_eq!(detected(&l), [0, 1]);
+        assert!(l.undetected.is_empty());
+        // A failure no fault explains detects nothing.
+        l.seen(Seen::Proc(&proc("p9-0")));
+        l.seen(Seen::Unnamed);
+        assert_eq!(l.detections.len(), 2);
+    }
+
+    #[test]
+    fn one_death_detects_every_fault_on_its_proc() {
+        let a = proc("p9-0");
+        let mut l = Log::default();
+        l.fault(FaultKind::Kill, Some(a.clone()), None);
+        l.fault(FaultKind::Pause, Some(a.clone()), PAUSE);
+        l.seen(Seen::Proc(&a));
+        assert_eq!(detected(&l), [0, 1]);
+        assert_eq!(l.detections.len(), 2);
+    }
+
+    #[test]
+    fn a_fault_that_ended_unseen_stays_unseen() {
+        let (a, b) = (proc("p0-0"), proc("p1-0"));
+        let mut l = Log::default();
+        // A pause nothing saw (it ended first), later a kill of that proc.
+        l.fault(FaultKind::Pause, Some(a.clone()), Some(Duration::ZERO));
+        std::thread::sleep(Duration::from_millis(2));
+        l.fault(FaultKind::Nan, None, None);
+        l.fault(FaultKind::Kill, Some(a.clone()), None);
+        l.fault(FaultKind::Kill, Some(b.clone()), None);
+        l.seen(Seen::Proc(&a));
+        assert_eq!(detected(&l), [2], "the kill, not the pause that ended");
+        // A failure that names no proc: the newest fault on any proc.
+        l.seen(Seen::Unnamed);
+        assert_eq!(detected(&l), [2, 3]);
+        // Nor does one that names none detect the pause.
+        l.seen(Seen::Unnamed);
+        assert_eq!(detected(&l), [2, 3]);
+        // A non-finite step: the nan fault only.
+        l.seen(Seen::NonFinite);
+        assert_eq!(detected(&l), [1, 2, 3]);
+        l.seen(Seen::NonFinite);
+        assert_eq!(l.undetected.len(), 1, "the pause stays unseen");
+        assert_eq!(l.detections.len(), 3);
+    }
+
+    #[test]
+    fn a_failure_names_the_proc_of_its_cause_through_escalations() {
+        let p = proc("p3-0");
+        let exited = FailureCause::LinkFailed {
+            proc: p.clone(),
+            detail: "no heartbeat".into(),
+        };
+        assert!(matches!(Seen::of(&exited), Seen::Proc(q) if *q == p));
+        let escalated = FailureCause::Escalated(Box::new(regent_mesh::MeshFailure {
+            mesh: "inner".into(),
+            ranks: vec![Rank(0)],
+            cause: exited.clone(),
+            generation: regent_net::Generation(2),
+        }));
+        assert!(matches!(Seen::of(&escalated), Seen::Proc(q) if *q == p));
+        assert!(matches!(
+            Seen::of(&FailureCause::StartFailed("x".into())),
+            Seen::Unnamed
+        ));
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {
