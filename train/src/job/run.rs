@@ -862,16 +862,18 @@ async fn steps(
     // The members' communicator: a new one (on channels of its own) after
     // every failed step.
     let mut epoch = 0u32;
+    // Set when something asked of the members failed: a recovery (every
+    // member brought to the committed step, or the newest checkpoint)
+    // comes before anything more.
+    let mut resync = false;
     // A checkpoint due at the last step is written too (after a recovery
     // when rank 0 failed while writing it), then the final state.
-    // Set when what was asked failed: every member is brought to the
-    // committed step (or the newest checkpoint) before anything more.
-    let mut resync = false;
     loop {
-        // Or a restart since every member last held the committed state
-        // (between two steps: while rank 0 wrote a checkpoint, say): its
-        // new lives hold none yet, and a step cast to them would leave the
-        // others waiting out the collective's timeout.
+        // A recovery comes first too after a restart since every member
+        // last held the committed state (between two steps: while rank 0
+        // wrote a checkpoint, say): its new lives hold none yet, and a step
+        // cast to them would leave the others waiting out the collective's
+        // timeout.
         if resync || mesh.generation() != synced {
             resync = false;
             let before = *committed;

@@ -22,7 +22,9 @@
 //!   handle; `Heal { from }` reads a peer's exposed state one-sidedly and
 //!   takes it (a restarted rank heals from a live peer, not from disk).
 //! - `Restore` takes the run directory's newest checkpoint (a gang restart,
-//!   or a new controller); `Checkpoint` writes one.
+//!   or a new controller); `Checkpoint { step }` writes one, and `Final {
+//!   step }` the final state, each refused (nothing written) by a member
+//!   not at `step` or a new life that has taken no state yet.
 
 use std::path::PathBuf;
 use std::time::Instant;
