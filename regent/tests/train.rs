@@ -300,8 +300,9 @@ fn kills_under_restart_member_heal_from_peers_bit_identical() {
 /// to take the rank), so that each restart completes between two steps. No
 /// step may go to the new life before it heals: it holds no state, refuses
 /// the step, and its peers waited out their collective's timeout (22.5 s
-/// here) for it; nor may a checkpoint or the final state come from a new
-/// rank 0.
+/// here) for it. (That a new life writes no checkpoint or final state is
+/// `only_a_member_at_the_committed_step_writes_its_state`, in the
+/// trainer.)
 #[test]
 fn a_rank_replaced_between_steps_heals_before_the_next_step_bit_identical() {
     let dir = RunDir::new("between");

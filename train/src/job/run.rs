@@ -82,6 +82,11 @@ impl NanPolicy {
 /// Most steps [`JobConfig::nan_at`] may name.
 pub const MAX_NAN_AT: usize = 1024;
 
+/// The longest [`JobConfig::step_timeout`] and [`FaultPlan::pause`]: a
+/// day, as the control plane's durations (deadlines are instants after
+/// them, which must not overflow).
+pub const MAX_JOB_DURATION: Duration = Duration::from_secs(24 * 3600);
+
 /// Cuts a proc off from everyone (`true`) or heals it (`false`).
 pub type Isolate = Arc<dyn Fn(&regent_net::ProcId, bool) + Send + Sync>;
 
@@ -172,7 +177,8 @@ pub struct FaultPlan {
     pub every: FaultSpacing,
     /// The kinds, taken in turn.
     pub kinds: Vec<FaultKind>,
-    /// How long a pause lasts.
+    /// How long a pause (or a partition) lasts. At most
+    /// [`MAX_JOB_DURATION`].
     pub pause: Duration,
     /// Draws the procs.
     pub seed: u64,
@@ -196,7 +202,7 @@ pub struct JobConfig {
     /// peer) or the whole mesh (resume from the checkpoint).
     pub on_failure: Decision,
     /// A step that takes longer fails; its hung ranks are killed and
-    /// replaced.
+    /// replaced. At most [`MAX_JOB_DURATION`].
     pub step_timeout: Duration,
     /// libtorch intra-op threads per member.
     pub threads: i32,
@@ -639,19 +645,7 @@ pub async fn run_job(
     mut events: impl FnMut(JobEvent),
 ) -> Result<Report, Error> {
     let t0 = Instant::now();
-    if config.nan_at.len() > MAX_NAN_AT {
-        return Err(Error::Config(format!(
-            "{} steps to poison: at most {MAX_NAN_AT}",
-            config.nan_at.len()
-        )));
-    }
-    if config.spares > regent_mesh::MAX_SPARES {
-        return Err(Error::Config(format!(
-            "{} warm spares: at most {}",
-            config.spares,
-            regent_mesh::MAX_SPARES
-        )));
-    }
+    check(&config)?;
     let _lock = lock_run_dir(&config.run_dir)?;
     let world = config.spec.world;
     let alloc = cluster.allocator.clone();
@@ -712,6 +706,36 @@ pub async fn run_job(
     let _ = mesh.stop().await;
     let _ = procs.stop(Duration::from_secs(2)).await;
     result.map(|()| report)
+}
+
+/// Refuses a configuration the job cannot run: too many steps to poison
+/// or spares, or a duration whose deadlines would overflow.
+fn check(config: &JobConfig) -> Result<(), Error> {
+    if config.nan_at.len() > MAX_NAN_AT {
+        return Err(Error::Config(format!(
+            "{} steps to poison: at most {MAX_NAN_AT}",
+            config.nan_at.len()
+        )));
+    }
+    if config.spares > regent_mesh::MAX_SPARES {
+        return Err(Error::Config(format!(
+            "{} warm spares: at most {}",
+            config.spares,
+            regent_mesh::MAX_SPARES
+        )));
+    }
+    let pause = config.faults.as_ref().map(|f| ("fault pause", f.pause));
+    for (what, d) in [("step timeout", config.step_timeout)]
+        .into_iter()
+        .chain(pause)
+    {
+        if d > MAX_JOB_DURATION {
+            return Err(Error::Config(format!(
+                "a {what} of {d:?}: at most {MAX_JOB_DURATION:?}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The rank a step's poison goes to, if any: a `nan_at` step every time,
@@ -1501,6 +1525,39 @@ mod tests {
         l.seen(Seen::NonFinite);
         assert_eq!(l.undetected.len(), 1, "the pause stays unseen");
         assert_eq!(l.detections.len(), 3);
+    }
+
+    #[test]
+    fn a_config_whose_deadlines_would_overflow_is_refused() {
+        let spec = JobSpec {
+            model: crate::job::ModelSpec::mlp_small(),
+            optimizer: crate::job::OptimSpec::Sgd {
+                lr: 0.05,
+                momentum: 0.9,
+            },
+            seed: 3,
+            world: 2,
+        };
+        let mut config = JobConfig::new(spec, 10, PathBuf::from("unused"));
+        config.step_timeout = MAX_JOB_DURATION;
+        config.faults = Some(FaultPlan {
+            every: FaultSpacing::Steps(5),
+            kinds: vec![FaultKind::Pause],
+            pause: MAX_JOB_DURATION,
+            seed: 1,
+            until_step: 9,
+        });
+        check(&config).expect("a day is allowed");
+        let mut long = config.clone();
+        long.step_timeout = Duration::MAX;
+        let e = check(&long).expect_err("an endless step timeout");
+        assert!(e.to_string().contains("step timeout"), "{e}");
+        let mut long = config;
+        if let Some(f) = long.faults.as_mut() {
+            f.pause = MAX_JOB_DURATION + Duration::from_millis(1);
+        }
+        let e = check(&long).expect_err("a pause past a day");
+        assert!(e.to_string().contains("fault pause"), "{e}");
     }
 
     #[test]
